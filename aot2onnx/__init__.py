@@ -1,0 +1,37 @@
+"""aot2onnx: train PyTorch models on ONNX Runtime.
+
+``torch.compile(model, backend="aot2onnx")`` captures the model with AOTAutograd, lowers its forward and
+backward ATen graphs to ONNX and runs them on ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from aot2onnx.backend import aot2onnx_backend, backend
+from aot2onnx.errors import (
+    Aot2OnnxError,
+    ArtifactError,
+    CaptureError,
+    LoweringError,
+    RuntimeSessionError,
+    UnsupportedOpError,
+)
+from aot2onnx.lower.registry import register_lowering
+from aot2onnx.options import Options
+from aot2onnx.runtime.session import compiled_graphs, reset_compiled_graphs
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Aot2OnnxError",
+    "ArtifactError",
+    "CaptureError",
+    "LoweringError",
+    "Options",
+    "RuntimeSessionError",
+    "UnsupportedOpError",
+    "aot2onnx_backend",
+    "backend",
+    "compiled_graphs",
+    "register_lowering",
+    "reset_compiled_graphs",
+]

@@ -1,0 +1,31 @@
+"""The decomposition table handed to AOTAutograd."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+__all__ = ["decomposition_table"]
+
+
+def decomposition_table(lowerable: Iterable[Any]) -> dict[torch._ops.OpOverload, Callable]:
+    """PyTorch's decompositions, minus those of ops that have a lowering rule.
+
+    An op with a rule stays whole, because one ONNX op (LayerNormalization, Gelu, Conv) runs faster than
+    its pieces. An op without one is decomposed, which is how most backward ops (``native_layer_norm_backward``,
+    ``gelu_backward``, ``embedding_dense_backward``, ...) reach ops that lower. This is the same choice as
+    PyTorch's ONNX exporter (``create_onnx_friendly_decomposition_table``), applied to AOTAutograd's joint
+    graph rather than to an inference graph.
+    """
+    keep = {op.name() if isinstance(op, torch._ops.OpOverload) else op for op in lowerable}
+    table: dict[torch._ops.OpOverload, Callable] = {}
+    for op, fn in itertools.chain(
+        torch.export.default_decompositions().items(), torch._decomp.decomposition_table.items()
+    ):
+        if not isinstance(op, torch._ops.OpOverload) or op.name() in keep or op in table:
+            continue
+        table[op] = fn
+    return table

@@ -1,0 +1,6 @@
+"""aot2onnx's own lowering rules, for ops torch_lib does not lower (mostly backward ops).
+
+Importing this package registers every rule in it.
+"""
+
+from aot2onnx.lower.ops import conv, norm, pool  # noqa: F401

@@ -1,0 +1,100 @@
+"""Convolution backward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+
+from aot2onnx.lower.registry import project_rule
+
+aten = torch.ops.aten
+
+
+def _static_dims(value: ir.Value) -> list[int] | None:
+    if value.shape is None or not all(isinstance(d, int) for d in value.shape):
+        return None
+    return list(value.shape)
+
+
+def _grad_input(grad_output, input, weight, stride, padding, dilation, groups):
+    # The input gradient is the transposed convolution of grad_output with the same weight; torch's
+    # (C_out, C_in/groups, *k) layout is exactly ConvTranspose's (C, M/group, *k) with C = C_out.
+    spatial = len(stride)
+    in_dims, go_dims, w_dims = _static_dims(input), _static_dims(grad_output), _static_dims(weight)
+    if in_dims is not None and go_dims is not None and w_dims is not None:
+        # Forward convolution drops trailing rows that no window covers; output_padding restores them.
+        output_padding = [
+            in_dims[2 + i]
+            - ((go_dims[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (w_dims[2 + i] - 1) + 1)
+            for i in range(spatial)
+        ]
+        return op.ConvTranspose(
+            grad_output, weight, strides=stride, pads=list(padding) * 2, dilations=dilation,
+            group=groups, output_padding=output_padding,
+        )
+    # Symbolic sizes: transpose-convolve without output_padding, then pad the end up to the input's size.
+    grad = op.ConvTranspose(
+        grad_output, weight, strides=stride, pads=list(padding) * 2, dilations=dilation, group=groups
+    )
+    missing = op.Sub(op.Shape(input, start=2), op.Shape(grad, start=2))
+    zeros = op.Constant(value_ints=[0] * (spatial + 2))
+    pads = op.Concat(zeros, op.Constant(value_ints=[0, 0]), missing, axis=0)
+    return op.Pad(grad, op.Slice(pads, op.Constant(value_ints=[2]), op.Constant(value_ints=[2 * (spatial + 2) + 2])))
+
+
+def _grad_weight(grad_output, input, weight, stride, padding, dilation, groups):
+    # dW[o, i, k] = sum_{n, p} dY[n, o, p] * X[n, g(o)*Cg + i, p*stride - pad + k*dilation]: a grouped
+    # convolution in which the batch becomes the channel axis. X is rearranged to
+    # (Cin/g, g*N, *spatial) and dY to (Cout, N, *spatial_out); stride and dilation swap roles.
+    spatial = len(stride)
+    rest = list(range(3, 3 + spatial))
+    n_g_c = op.Concat(op.Shape(input, start=0, end=1), op.Constant(value_ints=[groups, -1]), axis=0)
+    spatial_in = op.Shape(input, start=2)
+    x = op.Reshape(input, op.Concat(n_g_c, spatial_in, axis=0))
+    x = op.Transpose(x, perm=[2, 1, 0, *rest])  # (Cin/g, g, N, *spatial)
+    x = op.Reshape(x, op.Concat(op.Constant(value_ints=[0, -1]), spatial_in, axis=0))
+    spatial_out = op.Shape(grad_output, start=2)
+    dy = op.Reshape(grad_output, op.Concat(op.Shape(grad_output, start=0, end=1),
+                                           op.Constant(value_ints=[groups, -1]), spatial_out, axis=0))
+    dy = op.Transpose(dy, perm=[1, 2, 0, *rest])  # (g, Cout/g, N, *spatial_out)
+    dy = op.Reshape(dy, op.Concat(op.Constant(value_ints=[-1]), op.Shape(grad_output, start=0, end=1),
+                                  spatial_out, axis=0))
+    gw = op.Conv(x, dy, strides=dilation, dilations=stride, pads=list(padding) * 2, group=groups)
+    # The result can be larger than the kernel (a stride that does not divide the input): crop.
+    gw = op.Slice(gw, op.Constant(value_ints=[0] * spatial), op.Shape(weight, start=2),
+                  op.Constant(value_ints=list(range(2, 2 + spatial))))
+    return op.Transpose(gw, perm=[1, 0, *range(2, 2 + spatial)])  # (Cout, Cin/g, *k)
+
+
+@project_rule(aten.convolution_backward.default)
+def aten_convolution_backward(
+    grad_output,
+    input,
+    weight,
+    bias_sizes: Sequence[int] | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    transposed: bool,
+    output_padding: Sequence[int],
+    groups: int,
+    output_mask: Sequence[bool],
+):
+    """convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"""
+    if transposed:
+        raise NotImplementedError("convolution_backward of a transposed convolution is not lowered yet")
+    spatial = len(weight.shape) - 2
+    # aten allows one-element lists for every spatial dim.
+    stride, padding, dilation = ([*v] * spatial if len(v) == 1 else list(v) for v in (stride, padding, dilation))
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        grad_input = _grad_input(grad_output, input, weight, stride, padding, dilation, groups)
+    if output_mask[1]:
+        grad_weight = _grad_weight(grad_output, input, weight, stride, padding, dilation, groups)
+    if output_mask[2]:
+        axes = op.Constant(value_ints=[0, *range(2, 2 + spatial)])
+        grad_bias = op.ReduceSum(grad_output, axes, keepdims=0)
+    return grad_input, grad_weight, grad_bias

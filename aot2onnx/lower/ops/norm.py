@@ -1,0 +1,63 @@
+"""Batch normalization in training mode.
+
+torch_lib lowers ``_native_batch_norm_legit_functional`` with inference semantics whatever ``training``
+says (it normalizes with the running statistics and returns them unchanged), which is wrong for training.
+This rule computes the batch statistics and the running-statistics update as ATen does.
+"""
+
+from __future__ import annotations
+
+import torch
+from onnxscript import opset18 as op
+
+from aot2onnx.lower.registry import project_rule
+
+aten = torch.ops.aten
+
+
+def _per_channel(value, rank: int):
+    """Reshapes a (C,) value to broadcast against an (N, C, *spatial) input."""
+    return op.Reshape(value, op.Constant(value_ints=[1, -1] + [1] * (rank - 2)))
+
+
+@project_rule(aten._native_batch_norm_legit_functional.default)
+def aten__native_batch_norm_legit_functional(
+    input,
+    weight=None,
+    bias=None,
+    running_mean=None,
+    running_var=None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+):
+    """_native_batch_norm_legit_functional(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor, Tensor running_mean_out, Tensor running_var_out)"""
+    rank = len(input.shape)
+    if not training:
+        mean = _per_channel(running_mean, rank)
+        rstd = op.Reciprocal(op.Sqrt(op.Add(_per_channel(running_var, rank), op.CastLike(eps, input))))
+        out = op.Mul(op.Sub(input, mean), rstd)
+        empty = op.CastLike(op.ConstantOfShape(op.Constant(value_ints=[0])), input)
+        save_mean, save_rstd = empty, op.Identity(empty)
+        new_mean, new_var = op.Identity(running_mean), op.Identity(running_var)
+    else:
+        axes = op.Constant(value_ints=[0, *range(2, rank)])
+        mean = op.ReduceMean(input, axes, keepdims=1)
+        centered = op.Sub(input, mean)
+        var = op.ReduceMean(op.Mul(centered, centered), axes, keepdims=1)  # biased, as normalization uses
+        rstd = op.Reciprocal(op.Sqrt(op.Add(var, op.CastLike(eps, input))))
+        out = op.Mul(centered, rstd)
+        flat = op.Constant(value_ints=[-1])
+        save_mean, save_rstd = op.Reshape(mean, flat), op.Reshape(rstd, flat)
+        # The running variance is updated with the unbiased estimate: var * n / (n - 1).
+        n = op.CastLike(op.Div(op.Size(input), op.Shape(input, start=1, end=2)), input)
+        unbiased = op.Mul(op.Reshape(var, flat), op.Div(n, op.Sub(n, op.CastLike(1.0, input))))
+        keep = op.CastLike(1.0 - momentum, input)
+        step = op.CastLike(momentum, input)
+        new_mean = op.Add(op.Mul(running_mean, keep), op.Mul(save_mean, step))
+        new_var = op.Add(op.Mul(running_var, keep), op.Mul(unbiased, step))
+    if weight is not None:
+        out = op.Mul(out, _per_channel(weight, rank))
+    if bias is not None:
+        out = op.Add(out, _per_channel(bias, rank))
+    return out, save_mean, save_rstd, new_mean, new_var

@@ -1,0 +1,182 @@
+"""Which function lowers each FX target: project and user rules first, then onnxscript's torch_lib.
+
+A rule is a Python function with the ATen schema's parameters. It receives ``onnx_ir`` values for tensor
+arguments and Python values for the rest, and builds ONNX nodes through an onnxscript opset (``op.Add``);
+torch_lib's trace-only functions are rules of exactly this kind, so both share one calling convention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["Rule", "Registry", "register_lowering", "default_registry", "Origin"]
+
+logger = logging.getLogger("aot2onnx")
+
+Target = Any  # torch._ops.OpOverload or a Python builtin such as operator.mul
+
+
+class Origin:
+    PROJECT = "aot2onnx"
+    USER = "user"
+    TORCHLIB = "torch_lib"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    target: Target
+    function: Callable[..., Any]
+    opset_introduced: int = 18
+    origin: str = Origin.PROJECT
+    is_complex: bool = False
+
+    @property
+    def name(self) -> str:
+        return getattr(self.function, "__qualname__", repr(self.function))
+
+
+def _check_target(target: Target) -> None:
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        raise TypeError(
+            f"lowering rules are keyed by an OpOverload, got the packet {target}; "
+            f"use {target}.default (or the overload you mean)"
+        )
+    if not isinstance(target, torch._ops.OpOverload) and not callable(target):
+        raise TypeError(f"cannot register a lowering for {target!r}")
+
+
+def _key(target: Target) -> Any:
+    # OpOverload objects hash by identity and some are recreated, so key by their qualified name.
+    if isinstance(target, torch._ops.OpOverload):
+        return target.name()
+    return target
+
+
+class Registry:
+    """Lowering rules by target, with explicit priority: user, then project, then torch_lib."""
+
+    _PRIORITY = {Origin.USER: 0, Origin.PROJECT: 1, Origin.TORCHLIB: 2}
+
+    def __init__(self) -> None:
+        self._rules: dict[Any, list[Rule]] = {}
+
+    def add(self, rule: Rule) -> None:
+        _check_target(rule.target)
+        rules = self._rules.setdefault(_key(rule.target), [])
+        rules.append(rule)
+        rules.sort(key=lambda r: (self._PRIORITY[r.origin], -r.opset_introduced))
+
+    def copy(self) -> Registry:
+        new = Registry()
+        new._rules = {k: list(v) for k, v in self._rules.items()}
+        return new
+
+    def candidates(self, target: Target) -> list[Rule]:
+        return list(self._rules.get(_key(target), ()))
+
+    def lookup(self, target: Target, opset: int, *, is_complex: bool = False) -> tuple[Rule | None, str]:
+        """The rule to use at ``opset``, or ``None`` and the reason every candidate was rejected."""
+        candidates = self._rules.get(_key(target))
+        if not candidates:
+            return None, "no lowering rule is registered for this op"
+        reasons = []
+        for rule in candidates:
+            if rule.opset_introduced > opset:
+                reasons.append(f"{rule.origin} rule {rule.name} needs opset {rule.opset_introduced}")
+            elif rule.is_complex != is_complex:
+                reasons.append(f"{rule.origin} rule {rule.name} is for {'complex' if rule.is_complex else 'real'} inputs")
+            else:
+                return rule, ""
+        return None, "; ".join(reasons)
+
+    def supports(self, target: Target, opset: int) -> bool:
+        return self.lookup(target, opset)[0] is not None
+
+    def targets(self) -> list[Target]:
+        return [rules[0].target for rules in self._rules.values()]
+
+
+_PROJECT_RULES: list[Rule] = []
+_USER_RULES: list[Rule] = []
+
+
+def project_rule(target: Target, *, opset: int = 18) -> Callable[[Callable], Callable]:
+    """Decorator for the rules in ``aot2onnx.lower.ops``."""
+
+    def decorate(function: Callable) -> Callable:
+        _check_target(target)
+        _PROJECT_RULES.append(Rule(target, function, opset, Origin.PROJECT))
+        default_registry.cache_clear()
+        return function
+
+    return decorate
+
+
+def register_lowering(target: Target, *, opset: int = 18) -> Callable[[Callable], Callable]:
+    """Registers a user lowering for ``target`` (an ``OpOverload``, e.g. a ``torch.library`` custom op).
+
+    The decorated function takes the op's arguments in schema order: tensors arrive as ``onnx_ir`` values,
+    everything else as Python values. It builds nodes with an onnxscript opset and returns the output
+    value(s)::
+
+        from onnxscript import opset18 as op
+
+        @aot2onnx.register_lowering(torch.ops.mylib.scaled_tanh.default)
+        def scaled_tanh(x, scale: float):
+            return op.Mul(op.Tanh(x), op.CastLike(scale, x))
+
+    User rules take precedence over aot2onnx's and torch_lib's.
+    """
+
+    def decorate(function: Callable) -> Callable:
+        _check_target(target)
+        _USER_RULES.append(Rule(target, function, opset, Origin.USER))
+        default_registry.cache_clear()
+        return function
+
+    return decorate
+
+
+@functools.cache
+def _torchlib_rules() -> tuple[Rule, ...]:
+    from onnxscript.function_libs.torch_lib import registration  # noqa: F401  (fills torch_lib's registry)
+    from torch.onnx._internal.exporter import _registration
+
+    # Silence the torchvision warnings: torchvision is not a dependency.
+    exporter_logger = logging.getLogger(_registration.__name__)
+    level = exporter_logger.level
+    exporter_logger.setLevel(logging.ERROR)
+    try:
+        onnx_registry = _registration.ONNXRegistry.from_torchlib()
+    finally:
+        exporter_logger.setLevel(level)
+    rules = []
+    for metas in onnx_registry.functions.values():
+        for meta in metas:
+            rules.append(
+                Rule(meta.fx_target, meta.onnx_function, meta.opset_introduced, Origin.TORCHLIB, meta.is_complex)
+            )
+    return tuple(rules)
+
+
+@functools.cache
+def default_registry() -> Registry:
+    """torch_lib's rules, aot2onnx's own rules and every ``register_lowering`` so far."""
+    from aot2onnx.lower import ops  # noqa: F401  (registers the project rules)
+
+    registry = Registry()
+    for rule in (*_torchlib_rules(), *_PROJECT_RULES, *_USER_RULES):
+        registry.add(rule)
+    return registry
+
+
+# Python builtins that FX graphs call on symbolic sizes; torch_lib lowers them (operator.mul, ...).
+SYMBOLIC_BUILTINS = (operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv,
+                     operator.neg, operator.getitem)

@@ -1,0 +1,304 @@
+"""FX ATen graph -> ONNX model.
+
+The traversal follows PyTorch's ONNX exporter (``torch.onnx._internal.exporter._core``) and reuses its
+argument conversion and onnxscript op recorder, so torch_lib's rules run exactly as they do there. What
+differs is what AOTAutograd's graphs need: Python ints (symbolic sizes) as inputs and outputs, ``None``
+outputs, inputs returned as outputs, and one report of every unsupported op before anything is built.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+import onnxscript
+import torch
+import torch.fx
+from torch.onnx._internal.exporter import _building, _core, _fx_passes, _ir_passes, _tensors
+
+from aot2onnx.errors import LoweringError, UnsupportedOpError
+from aot2onnx.lower.registry import Registry, default_registry
+from aot2onnx.signature import GraphSignature, InputKind, InputSpec, OutputKind, OutputSpec
+
+__all__ = ["LoweredGraph", "lower_graph", "unsupported_nodes", "user_source_line"]
+
+logger = logging.getLogger("aot2onnx")
+
+_FX_NODE_KEY = "pkg.torch.onnx.fx_node"
+_STACK_KEY = "pkg.torch.onnx.stack_trace"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweredGraph:
+    model: onnx.ModelProto
+    signature: GraphSignature
+    fx_node_count: int
+    onnx_node_count: int
+
+
+def user_source_line(node: torch.fx.Node) -> str:
+    """The innermost user frame of the node's stack trace, e.g. ``model.py:12 in forward: y = x @ w``."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [line.strip() for line in trace.strip().splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("File "):
+            code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
+            return f"{lines[i]}: {code}" if code else lines[i]
+    return "(no source line recorded)"
+
+
+def _is_complex_node(node: torch.fx.Node) -> bool:
+    def complex_arg(arg: Any) -> bool:
+        if isinstance(arg, torch.fx.Node):
+            val = arg.meta.get("val")
+            return isinstance(val, torch.Tensor) and val.is_complex()
+        if isinstance(arg, (list, tuple)):
+            return any(complex_arg(a) for a in arg)
+        return False
+
+    return any(complex_arg(a) for a in (*node.args, *node.kwargs.values()))
+
+
+def _is_passthrough_getitem(node: torch.fx.Node) -> bool:
+    # getitem on a multi-output op picks one of its outputs; it is not an op of its own.
+    if node.target is not operator.getitem:
+        return False
+    source = node.args[0]
+    return isinstance(source, torch.fx.Node) and isinstance(source.meta.get("val"), (list, tuple))
+
+
+def unsupported_nodes(gm: torch.fx.GraphModule, registry: Registry, opset: int) -> dict[str, list[tuple[torch.fx.Node, str]]]:
+    """Every call_function node without a usable rule, grouped by target, with the reason."""
+    missing: dict[str, list[tuple[torch.fx.Node, str]]] = collections.defaultdict(list)
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or _is_passthrough_getitem(node):
+            continue
+        rule, reason = registry.lookup(node.target, opset, is_complex=_is_complex_node(node))
+        if rule is None:
+            missing[str(node.target)].append((node, reason))
+    return dict(missing)
+
+
+def _format_unsupported(missing: dict[str, list[tuple[torch.fx.Node, str]]], graph_name: str) -> str:
+    lines = [f"{len(missing)} op(s) in graph {graph_name!r} have no ONNX lowering:"]
+    for target, nodes in sorted(missing.items()):
+        node, reason = nodes[0]
+        lines.append(f"  {target}  ({len(nodes)} node(s); {reason})")
+        lines.append(f"      e.g. {node.format_node()}")
+        lines.append(f"      from {user_source_line(node)}")
+    lines.append(
+        "Add a lowering with @aot2onnx.register_lowering(<OpOverload>), or report the op so aot2onnx "
+        "can cover it."
+    )
+    return "\n".join(lines)
+
+
+def _value_for_placeholder(node: torch.fx.Node, opset: onnxscript.values.Opset) -> ir.Value | None:
+    val = node.meta.get("val")
+    value = _tensors.SymbolicTensor(opset, name=node.name)
+    if isinstance(val, torch.Tensor):
+        _core._set_shape_type(value, val, complex_to_float=True)
+    elif isinstance(val, (int, torch.SymInt)):
+        value.dtype = ir.DataType.INT64
+        value.shape = ir.Shape([])
+    else:
+        return None
+    return value
+
+
+def _set_metadata(fx_node: torch.fx.Node, ir_node: ir.Node) -> None:
+    ir_node.metadata_props[_FX_NODE_KEY] = fx_node.format_node()
+    ir_node.metadata_props[_STACK_KEY] = fx_node.meta.get("stack_trace", "") or ""
+
+
+def _lower_call(
+    model: ir.Model,
+    graph: ir.Graph,
+    node: torch.fx.Node,
+    values: dict[str, Any],
+    registry: Registry,
+    opset: onnxscript.values.Opset,
+    constant_farm: dict[Any, ir.Value],
+) -> None:
+    if _is_passthrough_getitem(node):
+        source_outputs = values[node.args[0].name]
+        value = source_outputs[node.args[1]]
+        if value is None:
+            raise LoweringError(f"{node.format_node()} reads an output its op did not produce")
+        values[node.name] = value
+        return
+
+    rule, reason = registry.lookup(node.target, opset.version, is_complex=_is_complex_node(node))
+    if rule is None:  # unsupported_nodes() ran first, so this is a bug
+        raise UnsupportedOpError(f"{node.format_node()}: {reason}")
+
+    def convert(arg: Any) -> Any:
+        if isinstance(arg, torch.fx.Node):
+            return values[arg.name]
+        if isinstance(arg, (list, tuple)):
+            return [convert(a) for a in arg]
+        return _core._convert_fx_arg_to_onnx_arg(arg, values, {})
+
+    args = [convert(a) for a in node.args]
+    kwargs = {k: convert(v) for k, v in node.kwargs.items()}
+    if kwargs.get("dtype", 0) is None:
+        kwargs["dtype"] = -1  # torch_lib's spelling of "no dtype given"
+
+    tracer = _building.OpRecorder(opset, constant_farm)
+    with onnxscript.evaluator.default_as(tracer):
+        try:
+            outputs = rule.function(*args, **kwargs)
+        except Exception as e:
+            raise LoweringError(
+                f"the {rule.origin} rule {rule.name} failed on\n    {node.format_node()}\n"
+                f"    from {user_source_line(node)}"
+            ) from e
+    for identifier, function in tracer.functions.items():
+        if identifier not in model.functions:
+            if not isinstance(function, ir.Function):
+                function = ir.serde.deserialize_function(function.to_function_proto())
+            model.functions[identifier] = function
+
+    meta_val = node.meta.get("val")
+    if isinstance(outputs, Sequence) and not isinstance(outputs, ir.Value):
+        outputs = list(outputs)
+        metas = meta_val if isinstance(meta_val, (list, tuple)) else [meta_val] * len(outputs)
+        for i, (output, meta) in enumerate(zip(outputs, metas)):
+            if output is None:
+                continue
+            _core._set_shape_type(output, meta, complex_to_float=True)
+            output.name = f"{node.name}__{i}"
+        values[node.name] = outputs
+    else:
+        _core._set_shape_type(outputs, meta_val, complex_to_float=True)
+        outputs.name = node.name
+        values[node.name] = outputs
+    for ir_node in tracer.nodes:
+        _set_metadata(node, ir_node)
+    graph.extend(tracer.nodes)
+
+
+def _prepare(gm: torch.fx.GraphModule) -> None:
+    # aten ops promote mixed dtypes implicitly; ONNX ops do not. The exporter's pass makes it explicit.
+    _fx_passes.insert_type_promotion_nodes(gm)
+    _fx_passes.remove_assertion_nodes(gm)
+
+
+def lower_graph(
+    gm: torch.fx.GraphModule,
+    *,
+    name: str,
+    opset: int,
+    registry: Registry | None = None,
+    optimize: bool = True,
+) -> LoweredGraph:
+    """Lowers an FX ATen graph (from AOTAutograd) to an ONNX model and its signature.
+
+    Raises:
+        UnsupportedOpError: listing every op of the graph that has no rule, before anything is built.
+        LoweringError: when a rule fails on a node, naming the node and its source line.
+    """
+    registry = registry or default_registry()
+    missing = unsupported_nodes(gm, registry, opset)
+    if missing:
+        raise UnsupportedOpError(_format_unsupported(missing, name))
+    _prepare(gm)
+
+    onnx_opset = onnxscript.values.Opset("", 18)  # torch_lib's rules are written for opset 18
+    graph = ir.Graph([], [], nodes=[], opset_imports={"": 18}, name=name)
+    model = ir.Model(graph, ir_version=10, producer_name="aot2onnx")
+    values: dict[str, Any] = {}
+    constant_farm: dict[Any, ir.Value] = {}
+    input_specs: list[InputSpec] = []
+    placeholders: list[torch.fx.Node] = []
+    output_specs: list[OutputSpec] = []
+    fx_nodes = 0
+
+    for node in gm.graph.nodes:
+        try:
+            if node.op == "placeholder":
+                placeholders.append(node)
+                value = _value_for_placeholder(node, onnx_opset)
+                if value is None:
+                    input_specs.append(InputSpec(InputKind.UNUSED))
+                    continue
+                values[node.name] = value
+                graph.inputs.append(value)
+                kind = InputKind.SYMINT if value.shape.rank() == 0 and not isinstance(node.meta.get("val"), torch.Tensor) else InputKind.TENSOR
+                input_specs.append(InputSpec(kind, node.name))
+            elif node.op == "get_attr":
+                tensor = getattr(gm, node.target)
+                value = ir.Value(name=node.name)
+                value.const_value = _core.TorchTensor(tensor, name=node.name)
+                _core._set_shape_type(value, tensor, complex_to_float=True)
+                graph.initializers[node.name] = value
+                values[node.name] = value
+            elif node.op == "call_function":
+                fx_nodes += 1
+                _lower_call(model, graph, node, values, registry, onnx_opset, constant_farm)
+            elif node.op == "output":
+                output_specs = _graph_outputs(node, graph, values, placeholders)
+            else:
+                raise LoweringError(f"unexpected FX node kind {node.op!r}: {node.format_node()}")
+        except (LoweringError, UnsupportedOpError):
+            raise
+        except Exception as e:
+            raise LoweringError(f"could not lower {node.format_node()}\n    from {user_source_line(node)}") from e
+
+    # Inputs the ONNX graph never reads are not bound at run time.
+    used = {v.name for v in graph.inputs if v.uses() or v in graph.outputs}
+    input_specs = [
+        spec if spec.kind is InputKind.UNUSED or spec.onnx_name in used else InputSpec(InputKind.UNUSED)
+        for spec in input_specs
+    ]
+    for value in list(graph.inputs):
+        if value.name not in used:
+            graph.inputs.remove(value)
+
+    _ir_passes.add_opset_imports(model)
+    if optimize:
+        onnxscript.optimizer.optimize_ir(model)
+    if opset != 18:
+        onnxscript.version_converter.convert_version(model, opset, fallback=True)
+    proto = ir.serde.serialize_model(model)
+    return LoweredGraph(proto, GraphSignature(tuple(input_specs), tuple(output_specs)), fx_nodes, len(proto.graph.node))
+
+
+def _graph_outputs(
+    node: torch.fx.Node, graph: ir.Graph, values: dict[str, Any], placeholders: list[torch.fx.Node]
+) -> list[OutputSpec]:
+    specs: list[OutputSpec] = []
+    seen: dict[int, int] = {}  # id(ir.Value) -> output position
+    returned = node.args[0] if isinstance(node.args[0], (list, tuple)) else (node.args[0],)
+    for position, arg in enumerate(returned):
+        if not isinstance(arg, torch.fx.Node):
+            specs.append(OutputSpec(OutputKind.CONSTANT, value=arg))
+            continue
+        if arg.op == "placeholder":
+            specs.append(OutputSpec(OutputKind.INPUT, index=placeholders.index(arg)))
+            continue
+        value = values[arg.name]
+        if id(value) in seen:
+            specs.append(OutputSpec(OutputKind.DUPLICATE, index=seen[id(value)]))
+            continue
+        seen[id(value)] = position
+        if value in graph.inputs:
+            # A value that is an input under another name (e.g. getitem of an alias): pass it through.
+            specs.append(OutputSpec(OutputKind.INPUT, index=[p.name for p in placeholders].index(value.name)))
+            continue
+        if value.const_value is not None and value.producer() is None:
+            # ONNX Runtime will not return an initializer as an output: add an Identity.
+            ident = ir.node("Identity", [value])
+            graph.append(ident)
+            value = ident.outputs[0]
+            value.name = f"{arg.name}__out"
+        is_symint = not isinstance(arg.meta.get("val"), torch.Tensor)
+        graph.outputs.append(value)
+        specs.append(OutputSpec(OutputKind.SYMINT if is_symint else OutputKind.TENSOR, onnx_name=value.name))
+    return specs

@@ -1,0 +1,77 @@
+"""Backend options: one frozen dataclass, validated once, shared by every stage."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["Options", "GRAPH_OPTIMIZATION_LEVELS", "PARTITIONERS"]
+
+GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "layout", "all")
+PARTITIONERS = ("min_cut", "default")
+
+# The newest opset torch_lib's rules are written against; a higher target is reached with the version
+# converter after lowering.
+DEFAULT_OPSET = 18
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How aot2onnx compiles and runs graphs.
+
+    Attributes:
+        providers: ONNX Runtime execution providers, in priority order. ``None`` picks them from the
+            inputs' device: ``CPUExecutionProvider`` for CPU tensors, ``CUDAExecutionProvider`` for CUDA.
+        opset: The ONNX opset the models target (18 or newer).
+        intra_op_num_threads: ONNX Runtime's intra-op thread count; 0 means ``torch.get_num_threads()``,
+            so ONNX Runtime and torch share the same cores the same way.
+        inter_op_num_threads: ONNX Runtime's inter-op thread count.
+        graph_optimization_level: One of ``disable``, ``basic``, ``extended``, ``layout``, ``all``.
+        allow_spinning: Whether ONNX Runtime's idle intra-op threads spin. Off by default: spinning
+            threads hold the cores while torch runs the epilogue and the optimizer between sessions.
+        partitioner: ``min_cut`` (AOTAutograd's rematerialising min-cut partitioner) or ``default``
+            (save every intermediate the backward needs).
+        dump_dir: Where every lowered model is written; defaults to ``$AOT2ONNX_DUMP_DIR``.
+        check_model: Run ``onnx.checker`` on every lowered model before creating its session.
+    """
+
+    providers: tuple[str, ...] | None = None
+    opset: int = DEFAULT_OPSET
+    intra_op_num_threads: int = 0
+    inter_op_num_threads: int = 1
+    graph_optimization_level: str = "all"
+    allow_spinning: bool = False
+    partitioner: str = "min_cut"
+    dump_dir: str | None = None
+    check_model: bool = True
+
+    def __post_init__(self) -> None:
+        if self.providers is not None:
+            if isinstance(self.providers, str) or not isinstance(self.providers, Sequence):
+                raise TypeError(f"providers must be a sequence of provider names, got {self.providers!r}")
+            object.__setattr__(self, "providers", tuple(self.providers))
+        if self.opset < DEFAULT_OPSET:
+            raise ValueError(f"opset must be >= {DEFAULT_OPSET}, got {self.opset}")
+        if self.graph_optimization_level not in GRAPH_OPTIMIZATION_LEVELS:
+            raise ValueError(
+                f"graph_optimization_level must be one of {GRAPH_OPTIMIZATION_LEVELS}, "
+                f"got {self.graph_optimization_level!r}"
+            )
+        if self.partitioner not in PARTITIONERS:
+            raise ValueError(f"partitioner must be one of {PARTITIONERS}, got {self.partitioner!r}")
+        if self.intra_op_num_threads < 0 or self.inter_op_num_threads < 0:
+            raise ValueError("thread counts must be >= 0")
+        if self.dump_dir is None and os.environ.get("AOT2ONNX_DUMP_DIR"):
+            object.__setattr__(self, "dump_dir", os.environ["AOT2ONNX_DUMP_DIR"])
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any] | None) -> Options:
+        """Builds options from ``torch.compile(..., options={...})``, rejecting unknown keys."""
+        options = dict(options or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"unknown aot2onnx option(s) {unknown}; known options: {sorted(known)}")
+        return cls(**options)

@@ -1,0 +1,197 @@
+"""One ONNX Runtime session per compiled graph, fed through IO binding without copies."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+import onnxruntime as ort
+import torch
+
+from aot2onnx.errors import RuntimeSessionError
+from aot2onnx.options import Options
+from aot2onnx.signature import GraphSignature, InputKind, OutputKind
+
+__all__ = ["OrtGraph", "compiled_graphs", "reset_compiled_graphs", "session_options", "providers_for"]
+
+_TORCH_TO_ONNX = {
+    torch.float32: onnx.TensorProto.FLOAT,
+    torch.float64: onnx.TensorProto.DOUBLE,
+    torch.float16: onnx.TensorProto.FLOAT16,
+    torch.bfloat16: onnx.TensorProto.BFLOAT16,
+    torch.int64: onnx.TensorProto.INT64,
+    torch.int32: onnx.TensorProto.INT32,
+    torch.int16: onnx.TensorProto.INT16,
+    torch.int8: onnx.TensorProto.INT8,
+    torch.uint8: onnx.TensorProto.UINT8,
+    torch.bool: onnx.TensorProto.BOOL,
+}
+
+_OPT_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "layout": getattr(ort.GraphOptimizationLevel, "ORT_ENABLE_LAYOUT", ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED),
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+_registry_lock = threading.Lock()
+_COMPILED: list[weakref.ref[OrtGraph]] = []
+
+
+def compiled_graphs() -> list[OrtGraph]:
+    """Every graph compiled in this process (since the last reset) that is still alive."""
+    with _registry_lock:
+        return [g for ref in _COMPILED if (g := ref()) is not None]
+
+
+def reset_compiled_graphs() -> None:
+    with _registry_lock:
+        _COMPILED.clear()
+
+
+def session_options(options: Options) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = options.intra_op_num_threads or torch.get_num_threads()
+    so.inter_op_num_threads = options.inter_op_num_threads
+    so.graph_optimization_level = _OPT_LEVELS[options.graph_optimization_level]
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning else "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "1" if options.allow_spinning else "0")
+    return so
+
+
+def providers_for(device: torch.device, options: Options) -> list[str]:
+    """The execution providers for tensors on ``device``, unless the options name them."""
+    available = ort.get_available_providers()
+    if options.providers is not None:
+        missing = [p for p in options.providers if p not in available]
+        if missing:
+            raise RuntimeSessionError(
+                f"execution provider(s) {missing} are not available in this onnxruntime build "
+                f"(available: {available})"
+            )
+        return list(options.providers)
+    if device.type == "cpu":
+        return ["CPUExecutionProvider"]
+    if device.type == "cuda":
+        if "CUDAExecutionProvider" not in available:
+            raise RuntimeSessionError(
+                "the inputs are CUDA tensors but this onnxruntime has no CUDAExecutionProvider "
+                f"(available: {available}); install the onnxruntime-gpu package in place of onnxruntime"
+            )
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    raise RuntimeSessionError(f"aot2onnx runs CPU and CUDA tensors; got a tensor on {device}")
+
+
+class OrtGraph:
+    """A lowered graph and its session: a boxed callable for AOTAutograd's runtime wrappers.
+
+    Inputs are bound on the torch tensors' memory and outputs come back through DLPack, so no tensor is
+    copied between torch and ONNX Runtime (a non-contiguous input is made contiguous first, since ONNX
+    tensors have no strides).
+    """
+
+    _boxed_call = True
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        signature: GraphSignature,
+        *,
+        name: str,
+        device: torch.device,
+        options: Options,
+        fx_node_count: int = 0,
+    ) -> None:
+        self.name = name
+        self.signature = signature
+        self.device = device
+        self.fx_node_count = fx_node_count
+        self.onnx_node_count = len(model.graph.node)
+        self.runs = 0
+        self._onnx_outputs = signature.onnx_outputs
+        # ONNX Runtime hands bool tensors to DLPack as uint8; the output's declared type says which they are.
+        declared = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
+        self._bool_outputs = [declared.get(n) == onnx.TensorProto.BOOL for n in self._onnx_outputs]
+        self._session = None
+        if self._onnx_outputs:
+            try:
+                self._session = ort.InferenceSession(
+                    model.SerializeToString(),
+                    sess_options=session_options(options),
+                    providers=providers_for(device, options),
+                )
+            except RuntimeSessionError:
+                raise
+            except Exception as e:
+                raise RuntimeSessionError(f"ONNX Runtime could not create a session for graph {name!r}: {e}") from e
+            self._binding = self._session.io_binding()._iobinding
+        self._ort_device = ort.OrtDevice.make(
+            "cuda" if device.type == "cuda" else "cpu", device.index or 0
+        )._get_c_device()
+        self._lock = threading.Lock()
+        with _registry_lock:
+            _COMPILED.append(weakref.ref(self))
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        results = self._run(args) if self._session is not None else []
+        outputs: list[Any] = []
+        it = iter(results)
+        for spec in self.signature.outputs:
+            if spec.kind is OutputKind.TENSOR:
+                outputs.append(next(it))
+            elif spec.kind is OutputKind.SYMINT:
+                outputs.append(int(next(it).item()))
+            elif spec.kind is OutputKind.INPUT:
+                outputs.append(args[spec.index])
+            elif spec.kind is OutputKind.DUPLICATE:
+                outputs.append(outputs[spec.index])
+            else:
+                outputs.append(spec.value)
+        args.clear()  # boxed convention: the caller's references to the inputs can be freed now
+        return outputs
+
+    def _run(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        keep_alive = []
+        with self._lock:
+            binding = self._binding
+            for spec, arg in zip(self.signature.inputs, args):
+                if spec.kind is InputKind.UNUSED:
+                    continue
+                if spec.kind is InputKind.SYMINT:
+                    arg = torch.tensor(int(arg), dtype=torch.int64, device=self.device)
+                elif not arg.is_contiguous():
+                    arg = arg.contiguous()
+                elif arg.device != self.device:
+                    raise RuntimeSessionError(
+                        f"graph {self.name!r} was compiled for {self.device} but got a tensor on {arg.device}"
+                    )
+                keep_alive.append(arg)
+                dtype = _TORCH_TO_ONNX.get(arg.dtype)
+                if dtype is None:
+                    raise RuntimeSessionError(f"graph {self.name!r}: ONNX Runtime cannot take {arg.dtype} tensors")
+                binding.bind_input(spec.onnx_name, self._ort_device, dtype, list(arg.shape), arg.data_ptr())
+            # Outputs are bound afresh on every run: an output ONNX Runtime allocated in the last run stays
+            # bound and would be written over in place, under a tensor the caller still holds.
+            for output in self._onnx_outputs:
+                binding.bind_output(output, self._ort_device)
+            try:
+                self._session._sess.run_with_iobinding(binding, None)
+            except Exception as e:
+                raise RuntimeSessionError(f"ONNX Runtime failed running graph {self.name!r}: {e}") from e
+            values = binding.get_outputs()
+            self.runs += 1
+            results = [torch.from_dlpack(values[i]) for i in range(len(values))]
+        for i, is_bool in enumerate(self._bool_outputs):
+            if is_bool and results[i].dtype != torch.bool:
+                results[i] = results[i].view(torch.bool)
+        return results
+
+    def __repr__(self) -> str:
+        return (
+            f"OrtGraph({self.name!r}, fx_nodes={self.fx_node_count}, onnx_nodes={self.onnx_node_count}, "
+            f"runs={self.runs}, device={self.device})"
+        )

@@ -1,0 +1,53 @@
+"""How a compiled graph's positional inputs and outputs map onto its ONNX model.
+
+Lowering produces a :class:`GraphSignature`; the runtime follows it. An FX graph from AOTAutograd takes
+tensors and Python ints (symbolic sizes) and returns tensors, ints and ``None``; an ONNX graph takes and
+returns tensors only, each once. The signature records the difference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+__all__ = ["InputKind", "OutputKind", "InputSpec", "OutputSpec", "GraphSignature"]
+
+
+class InputKind(enum.Enum):
+    TENSOR = "tensor"  # bound to the ONNX input of the same name
+    SYMINT = "symint"  # a Python int, fed as a 0-d int64 tensor
+    UNUSED = "unused"  # the ONNX model does not read it
+
+
+class OutputKind(enum.Enum):
+    TENSOR = "tensor"  # an ONNX output
+    SYMINT = "symint"  # an ONNX 0-d int64 output, returned as a Python int
+    INPUT = "input"  # the graph returns one of its inputs unchanged: handed back without ONNX Runtime
+    CONSTANT = "constant"  # a Python constant (None, an int) that the graph returns
+    DUPLICATE = "duplicate"  # the same value as an earlier output
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    kind: InputKind
+    onnx_name: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSpec:
+    kind: OutputKind
+    onnx_name: str | None = None
+    index: int | None = None  # the input position (INPUT) or the earlier output position (DUPLICATE)
+    value: object = None  # the constant (CONSTANT)
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphSignature:
+    inputs: tuple[InputSpec, ...]
+    outputs: tuple[OutputSpec, ...]
+
+    @property
+    def onnx_outputs(self) -> tuple[str, ...]:
+        return tuple(
+            o.onnx_name for o in self.outputs if o.kind in (OutputKind.TENSOR, OutputKind.SYMINT)
+        )
