@@ -1,0 +1,218 @@
+"""Parity of training through aot2onnx against eager PyTorch."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from aot2onnx.runtime.session import OrtGraph, compiled_graphs, reset_compiled_graphs
+
+__all__ = ["ParityReport", "assert_parity", "HEAVY_ATEN_OPS"]
+
+# Ops that, if torch ran them during a compiled forward/backward, would mean model compute ran in eager.
+HEAVY_ATEN_OPS = frozenset(
+    "aten::" + name
+    for name in (
+        "mm addmm bmm baddbmm matmul linear convolution _convolution convolution_backward cudnn_convolution "
+        "mkldnn_convolution native_layer_norm native_layer_norm_backward _softmax _softmax_backward_data "
+        "native_batch_norm _native_batch_norm_legit _native_batch_norm_legit_functional native_batch_norm_backward "
+        "max_pool2d_with_indices max_pool2d_with_indices_backward embedding embedding_dense_backward gelu "
+        "gelu_backward relu threshold_backward scaled_dot_product_attention "
+        "_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_flash_attention_for_cpu_backward"
+    ).split()
+)
+
+
+@dataclasses.dataclass
+class Mismatch:
+    what: str  # loss, grad, input grad, parameter, buffer
+    name: str
+    step: int
+    max_abs: float
+    max_rel: float
+    shape: tuple[int, ...]
+
+
+@dataclasses.dataclass
+class ParityReport:
+    eager_losses: list[float]
+    compiled_losses: list[float]
+    compared: int  # how many tensors were compared
+    mismatches: list[Mismatch]
+    graphs: list[OrtGraph]
+    torch_heavy_ops: list[str]  # heavy ATen ops torch ran during a compiled forward/backward
+
+    @property
+    def ort_runs(self) -> int:
+        return sum(g.runs for g in self.graphs)
+
+    def table(self) -> str:
+        rows = [("what", "name", "step", "max |diff|", "max rel", "shape")]
+        rows += [(m.what, m.name, str(m.step), f"{m.max_abs:.3e}", f"{m.max_rel:.3e}", str(list(m.shape)))
+                 for m in self.mismatches]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def _compare(what: str, name: str, step: int, eager: torch.Tensor | None, compiled: torch.Tensor | None,
+             rtol: float, atol: float, out: list[Mismatch]) -> int:
+    if eager is None and compiled is None:
+        return 0
+    if eager is None or compiled is None:
+        out.append(Mismatch(what, f"{name} (None on one side)", step, float("inf"), float("inf"), ()))
+        return 1
+    eager, compiled = eager.detach(), compiled.detach()
+    if eager.shape != compiled.shape or eager.dtype != compiled.dtype:
+        out.append(Mismatch(what, f"{name} ({compiled.dtype}{list(compiled.shape)} vs eager "
+                                  f"{eager.dtype}{list(eager.shape)})", step, float("inf"), float("inf"),
+                            tuple(eager.shape)))
+        return 1
+    if eager.dtype == torch.bool or not eager.is_floating_point():
+        diff = (eager != compiled).to(torch.float64)
+        if diff.any():
+            out.append(Mismatch(what, name, step, float(diff.sum()), 1.0, tuple(eager.shape)))
+        return 1
+    e, c = eager.to(torch.float64), compiled.to(torch.float64)
+    if not torch.allclose(c, e, rtol=rtol, atol=atol, equal_nan=True):
+        diff = (c - e).abs()
+        rel = diff / e.abs().clamp_min(1e-30)
+        out.append(Mismatch(what, name, step, float(diff.max()), float(rel.max()), tuple(eager.shape)))
+    return 1
+
+
+def _batches(inputs: Any, steps: int) -> list[tuple]:
+    if callable(inputs):
+        return [tuple(inputs(i)) for i in range(steps)]
+    if isinstance(inputs, torch.Tensor):
+        return [(inputs,)] * steps
+    if isinstance(inputs, tuple):
+        return [inputs] * steps
+    batches = [b if isinstance(b, tuple) else (b,) for b in inputs]
+    return [batches[i % len(batches)] for i in range(steps)]
+
+
+def _copy_batch(batch: tuple) -> tuple:
+    # Each side gets its own copy, keeping requires_grad, so input gradients and input mutations are separate.
+    return tuple(
+        x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else copy.deepcopy(x)
+        for x in batch
+    )
+
+
+def assert_parity(
+    model_factory: Callable[[], torch.nn.Module],
+    inputs: Any,
+    *,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    targets: Sequence[Any] | None = None,
+    steps: int = 10,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    optimizer: Callable[[Any], torch.optim.Optimizer] | None = None,
+    backend: Any = "aot2onnx",
+    seed: int = 0,
+    check_torch_ops: bool = True,
+) -> ParityReport:
+    """Trains an eager copy and a ``torch.compile(backend=...)`` copy of one model side by side.
+
+    Args:
+        model_factory: Builds the model; called once (under ``torch.manual_seed(seed)``), then deep-copied,
+            so both copies start from the same state.
+        inputs: A tuple of model arguments used at every step, a list of such tuples (cycled), or a
+            function ``step -> tuple``. Tensors that require grad have their gradients compared too.
+        loss_fn: ``loss_fn(output)`` or, with ``targets``, ``loss_fn(output, targets[step])``. By default
+            the output must be the loss.
+        steps: Optimizer steps to train.
+        rtol, atol: The tolerance of every comparison: ``|compiled - eager| <= atol + rtol * |eager|``.
+        optimizer: ``params -> torch.optim.Optimizer``; SGD with lr=0.1 by default.
+        check_torch_ops: Profile one compiled step and fail if torch ran model compute (see
+            ``HEAVY_ATEN_OPS``) instead of ONNX Runtime.
+
+    Compares the loss at every step, every parameter gradient and input gradient at step 1, and the
+    parameters, buffers and inputs after the last step. Raises ``AssertionError`` with a table of every
+    mismatch; also when no ONNX Runtime session ran. Returns the report otherwise.
+    """
+    optimizer = optimizer or (lambda params: torch.optim.SGD(params, lr=0.1))
+    loss_fn = loss_fn or (lambda out, *_: out)
+    torch._dynamo.reset()
+    reset_compiled_graphs()
+    torch.manual_seed(seed)
+    eager_model = model_factory()
+    compiled_model = copy.deepcopy(eager_model)
+    compiled = torch.compile(compiled_model, backend=backend)
+    opt_e, opt_c = optimizer(eager_model.parameters()), optimizer(compiled_model.parameters())
+    batches = _batches(inputs, steps)
+    mismatches: list[Mismatch] = []
+    compared = 0
+    eager_losses, compiled_losses = [], []
+    heavy: list[str] = []
+
+    for step, batch in enumerate(batches, start=1):
+        args_e, args_c = _copy_batch(batch), _copy_batch(batch)
+        extra = (targets[(step - 1) % len(targets)],) if targets is not None else ()
+        torch.manual_seed(seed + step)
+        loss_e = loss_fn(eager_model(*args_e), *extra)
+        opt_e.zero_grad()
+        loss_e.backward()
+        torch.manual_seed(seed + step)
+        loss_c = loss_fn(compiled(*args_c), *extra)
+        opt_c.zero_grad()
+        loss_c.backward()
+        eager_losses.append(float(loss_e.detach()))
+        compiled_losses.append(float(loss_c.detach()))
+        compared += _compare("loss", "loss", step, loss_e, loss_c, rtol, atol, mismatches)
+        if step == 1:
+            for (name, p_e), (_, p_c) in zip(eager_model.named_parameters(), compiled_model.named_parameters()):
+                compared += _compare("grad", name, step, p_e.grad, p_c.grad, rtol, atol, mismatches)
+            for i, (x_e, x_c) in enumerate(zip(args_e, args_c)):
+                if isinstance(x_e, torch.Tensor) and x_e.requires_grad:
+                    compared += _compare("input grad", f"input {i}", step, x_e.grad, x_c.grad, rtol, atol, mismatches)
+        opt_e.step()
+        opt_c.step()
+        if step == len(batches):
+            for i, (x_e, x_c) in enumerate(zip(args_e, args_c)):
+                if isinstance(x_e, torch.Tensor):
+                    compared += _compare("input", f"input {i}", step, x_e, x_c, rtol, atol, mismatches)
+
+    for (name, p_e), (_, p_c) in zip(eager_model.named_parameters(), compiled_model.named_parameters()):
+        compared += _compare("parameter", name, len(batches), p_e, p_c, rtol, atol, mismatches)
+    for (name, b_e), (_, b_c) in zip(eager_model.named_buffers(), compiled_model.named_buffers()):
+        compared += _compare("buffer", name, len(batches), b_e, b_c, rtol, atol, mismatches)
+
+    if check_torch_ops:
+        # After every comparison: this extra forward/backward changes the compiled copy's state.
+        heavy = _heavy_ops_run_by_torch(compiled, batches[0])
+    report = ParityReport(eager_losses, compiled_losses, compared, mismatches, compiled_graphs(), heavy)
+    problems = []
+    if mismatches:
+        problems.append(f"{len(mismatches)} of {compared} compared tensors differ from eager "
+                        f"(rtol={rtol}, atol={atol}):\n{report.table()}")
+    if backend == "aot2onnx" or getattr(backend, "func", None) is not None:
+        if not report.graphs or report.ort_runs == 0:
+            problems.append("no ONNX Runtime session ran")
+        elif any(g.runs == 0 for g in report.graphs):
+            problems.append(f"graphs compiled but never run: {[g.name for g in report.graphs if g.runs == 0]}")
+    if heavy:
+        problems.append(f"torch itself ran model compute during a compiled step: {heavy}")
+    if problems:
+        raise AssertionError("\n".join(problems))
+    return report
+
+
+def _heavy_ops_run_by_torch(compiled: Callable, batch: tuple) -> list[str]:
+    """Heavy ATen ops that torch itself runs during one compiled forward and backward.
+
+    Only the compiled call and the backward through its outputs are profiled: a loss computed in the
+    user's code runs eagerly by design and is not held against the model.
+    """
+    args = _copy_batch(batch)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        outputs = [o for o in torch.utils._pytree.tree_leaves(compiled(*args))
+                   if isinstance(o, torch.Tensor) and o.requires_grad]
+        if outputs:
+            torch.autograd.backward(outputs, [torch.ones_like(o) for o in outputs])
+    return sorted({e.key for e in prof.key_averages()} & HEAVY_ATEN_OPS)
