@@ -1,0 +1,170 @@
+"""Op-level parity for aot2onnx's own rules and the paths around them (forward and backward vs eager)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import aot2onnx
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _check_fn(fn, *inputs, rtol=RTOL, atol=ATOL, dynamic=False):
+    """Runs fn eagerly and compiled on equal copies; compares outputs and gradients of every float input."""
+    aot2onnx.reset_compiled_graphs()
+    eager_in = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    comp_in = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    compiled = torch.compile(fn, backend="aot2onnx", dynamic=dynamic)
+    out_e, out_c = fn(*eager_in), compiled(*comp_in)
+    torch.testing.assert_close(out_c, out_e, rtol=rtol, atol=atol)
+    outs_e = [o for o in torch.utils._pytree.tree_leaves(out_e) if o.requires_grad]
+    outs_c = [o for o in torch.utils._pytree.tree_leaves(out_c) if o.requires_grad]
+    g = torch.Generator().manual_seed(7)
+    cot = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outs_e]
+    torch.autograd.backward(outs_e, cot)
+    torch.autograd.backward(outs_c, cot)
+    for x_e, x_c in zip(eager_in, comp_in):
+        if x_e.requires_grad:
+            torch.testing.assert_close(x_c.grad, x_e.grad, rtol=rtol, atol=atol)
+    graphs = aot2onnx.compiled_graphs()
+    assert graphs and all(g.runs >= 1 for g in graphs), graphs
+    return graphs
+
+
+CONV_CASES = [
+    # (input shape, weight shape, stride, padding, dilation, groups)
+    ((2, 3, 11, 11), (8, 3, 3, 3), 1, 0, 1, 1),
+    ((2, 3, 11, 11), (8, 3, 3, 3), 2, 1, 1, 1),
+    ((2, 4, 13, 12), (6, 2, 3, 2), (2, 3), (1, 0), (2, 1), 2),
+    ((1, 6, 9, 9), (6, 1, 3, 3), 1, 1, 1, 6),  # depthwise
+    ((3, 4, 10, 10), (4, 4, 1, 1), 1, 0, 1, 1),  # pointwise
+    ((2, 4, 17, 17), (8, 2, 5, 5), 3, 2, 2, 2),  # stride that does not divide the input
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"in{c[0]}_w{c[1]}_s{c[2]}_p{c[3]}_d{c[4]}_g{c[5]}")
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv2d_backward(case, bias):
+    shape, wshape, stride, padding, dilation, groups = case
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(shape, generator=g), torch.randn(wshape, generator=g)
+    b = torch.randn(wshape[0], generator=g)
+    if bias:
+        _check_fn(lambda x, w, b: F.conv2d(x, w, b, stride, padding, dilation, groups), x, w, b)
+    else:
+        _check_fn(lambda x, w: F.conv2d(x, w, None, stride, padding, dilation, groups), x, w)
+
+
+def test_conv1d_and_conv3d_backward():
+    g = torch.Generator().manual_seed(0)
+    x1, w1 = torch.randn(2, 4, 20, generator=g), torch.randn(6, 2, 3, generator=g)
+    _check_fn(lambda x, w: F.conv1d(x, w, stride=2, padding=1, groups=2), x1, w1)
+    x3, w3 = torch.randn(1, 2, 6, 7, 5, generator=g), torch.randn(4, 2, 3, 2, 3, generator=g)
+    _check_fn(lambda x, w: F.conv3d(x, w, stride=(1, 2, 1), padding=1), x3, w3)
+
+
+def test_conv_backward_input_only_and_weight_only():
+    # output_mask selects which gradients are built: only the input, or only the weight, requires grad.
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 3, 9, 9, generator=g), torch.randn(4, 3, 3, 3, generator=g)
+    for x_grad, w_grad in [(True, False), (False, True)]:
+        xe, we = x.clone().requires_grad_(x_grad), w.clone().requires_grad_(w_grad)
+        xc, wc = x.clone().requires_grad_(x_grad), w.clone().requires_grad_(w_grad)
+        fn = lambda x, w: F.conv2d(x, w, stride=2, padding=1)
+        torch._dynamo.reset()
+        fn(xe, we).sum().backward()
+        torch.compile(fn, backend="aot2onnx")(xc, wc).sum().backward()
+        for a, b in [(xe, xc), (we, wc)]:
+            if a.requires_grad:
+                torch.testing.assert_close(b.grad, a.grad, rtol=RTOL, atol=ATOL)
+            else:
+                assert b.grad is None
+
+
+@pytest.mark.parametrize(
+    "kernel,stride,padding,dilation,ceil_mode",
+    [(2, 2, 0, 1, False), (3, 2, 1, 1, False), (3, 1, 1, 1, False), (3, 2, 0, 2, True), ((2, 3), (1, 2), (1, 1), 1, True)],
+)
+def test_max_pool2d_backward(kernel, stride, padding, dilation, ceil_mode):
+    # Overlapping windows (stride < kernel) send several gradients to one position.
+    x = torch.randn(2, 3, 11, 10, generator=torch.Generator().manual_seed(0))
+    _check_fn(lambda x: F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode), x)
+
+
+def test_max_pool2d_backward_unbatched():
+    x = torch.randn(3, 8, 8, generator=torch.Generator().manual_seed(0))
+    _check_fn(lambda x: F.max_pool2d(x, 3, 2, 1), x)
+
+
+def test_max_pool2d_backward_ties():
+    # Equal values in a window: torch and ONNX must pick the same position, or gradients land elsewhere.
+    x = torch.zeros(1, 1, 6, 6)
+    x[..., ::2, ::2] = 1.0
+    _check_fn(lambda x: F.max_pool2d(x, 2, 2), x)
+
+
+@pytest.mark.parametrize("mode", ["plain", "causal", "float_mask", "bool_mask", "scale"])
+def test_scaled_dot_product_attention(mode):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 10, 16, generator=g) for _ in range(3))
+    if mode == "plain":
+        fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v)
+        _check_fn(fn, q, k, v)
+    elif mode == "causal":
+        _check_fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)
+    elif mode == "scale":
+        _check_fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.3), q, k, v)
+    elif mode == "float_mask":
+        mask = torch.randn(10, 10, generator=g)
+        _check_fn(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask)
+    else:
+        mask = torch.rand(2, 1, 10, 10, generator=g) > 0.3
+        mask[..., 0] = True  # no row fully masked
+        _check_fn(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask)
+
+
+def test_batch_norm_training_and_eval():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 5, 5, generator=g)
+    w, b = torch.randn(3, generator=g), torch.randn(3, generator=g)
+    for training in (True, False):
+        rm_e, rv_e = torch.randn(3, generator=g), torch.rand(3, generator=g) + 0.5
+        rm_c, rv_c = rm_e.clone(), rv_e.clone()
+        torch._dynamo.reset()
+        fn = lambda x, w, b, rm, rv: F.batch_norm(x, rm, rv, w, b, training=training, momentum=0.2, eps=1e-3)
+        out_e = fn(x, w, b, rm_e, rv_e)
+        out_c = torch.compile(fn, backend="aot2onnx")(x, w, b, rm_c, rv_c)
+        torch.testing.assert_close(out_c, out_e, rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(rm_c, rm_e, rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(rv_c, rv_e, rtol=RTOL, atol=ATOL)
+
+
+def test_integer_and_bool_tensors():
+    def fn(x, idx, mask):
+        picked = x[idx]  # int64 indexing
+        counts = (idx * 3 + 1) // 2  # int64 arithmetic
+        return picked.masked_fill(mask, 0.0) * 2, counts, mask & (counts > 2)[:, None]
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 4, generator=g)
+    idx = torch.randint(0, 10, (6,), generator=g)
+    mask = torch.rand(6, 4, generator=g) > 0.5
+    _check_fn(fn, x, idx, mask)
+
+
+def test_symbolic_sizes():
+    # With dynamic shapes the graphs compute on sizes: sym_size, operator.mul, floordiv, ...
+    def fn(x, w):
+        b, t, d = x.shape
+        y = (x.reshape(b * t, d) @ w).reshape(b, t // 1, -1)
+        return y * (d ** -0.5) + t
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 5, generator=g)
+    for batch in (3, 6):
+        torch._dynamo.reset()
+        x = torch.randn(batch, 7, 8, generator=g)
+        graphs = _check_fn(fn, x, w, dynamic=True)
+        assert any(inp.kind.value == "symint" for g_ in graphs for inp in g_.signature.inputs)
