@@ -107,6 +107,8 @@ class OrtGraph:
         fx_node_count: int = 0,
     ) -> None:
         self.name = name
+        self.options = options
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
         self.signature = signature
         self.device = device
         self.fx_node_count = fx_node_count
@@ -189,6 +191,11 @@ class OrtGraph:
             if is_bool and results[i].dtype != torch.bool:
                 results[i] = results[i].view(torch.bool)
         return results
+
+    @property
+    def session(self) -> ort.InferenceSession | None:
+        """The ONNX Runtime session (``None`` for a graph whose outputs need no computation)."""
+        return self._session
 
     def __repr__(self) -> str:
         return (
