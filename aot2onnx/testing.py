@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -210,9 +213,28 @@ def _heavy_ops_run_by_torch(compiled: Callable, batch: tuple) -> list[str]:
     user's code runs eagerly by design and is not held against the model.
     """
     args = _copy_batch(batch)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    with _quiet_stderr():  # the profiler's C++ side prints a line on start and on stop
+        prof.start()
+    try:
         outputs = [o for o in torch.utils._pytree.tree_leaves(compiled(*args))
                    if isinstance(o, torch.Tensor) and o.requires_grad]
         if outputs:
             torch.autograd.backward(outputs, [torch.ones_like(o) for o in outputs])
+    finally:
+        with _quiet_stderr():
+            prof.stop()
     return sorted({e.key for e in prof.key_averages()} & HEAVY_ATEN_OPS)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

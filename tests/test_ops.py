@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -133,9 +135,9 @@ def test_batch_norm_training_and_eval():
         rm_e, rv_e = torch.randn(3, generator=g), torch.rand(3, generator=g) + 0.5
         rm_c, rv_c = rm_e.clone(), rv_e.clone()
         torch._dynamo.reset()
-        fn = lambda x, w, b, rm, rv: F.batch_norm(x, rm, rv, w, b, training=training, momentum=0.2, eps=1e-3)
-        out_e = fn(x, w, b, rm_e, rv_e)
-        out_c = torch.compile(fn, backend="aot2onnx")(x, w, b, rm_c, rv_c)
+        fn = functools.partial(F.batch_norm, training=training, momentum=0.2, eps=1e-3)
+        out_e = fn(x, rm_e, rv_e, w, b)
+        out_c = torch.compile(fn, backend="aot2onnx")(x, rm_c, rv_c, w, b)
         torch.testing.assert_close(out_c, out_e, rtol=RTOL, atol=ATOL)
         torch.testing.assert_close(rm_c, rm_e, rtol=RTOL, atol=ATOL)
         torch.testing.assert_close(rv_c, rv_e, rtol=RTOL, atol=ATOL)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -176,7 +175,3 @@ def default_registry() -> Registry:
         registry.add(rule)
     return registry
 
-
-# Python builtins that FX graphs call on symbolic sizes; torch_lib lowers them (operator.mul, ...).
-SYMBOLIC_BUILTINS = (operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv,
-                     operator.neg, operator.getitem)

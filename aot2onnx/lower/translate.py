@@ -126,9 +126,10 @@ def _lower_call(
     opset: onnxscript.values.Opset,
     constant_farm: dict[Any, ir.Value],
 ) -> None:
-    if _is_passthrough_getitem(node):
-        source_outputs = values[node.args[0].name]
-        value = source_outputs[node.args[1]]
+    if _is_passthrough_getitem(node) and isinstance(values[node.args[0].name], list):
+        # A rule that returned several values; a rule that returned one ONNX sequence (torch_lib's split
+        # is SplitToSequence) goes on to the getitem rule, which emits SequenceAt.
+        value = values[node.args[0].name][node.args[1]]
         if value is None:
             raise LoweringError(f"{node.format_node()} reads an output its op did not produce")
         values[node.name] = value
