@@ -63,7 +63,7 @@ def session_options(options: Options) -> ort.SessionOptions:
     return so
 
 
-def providers_for(device: torch.device, options: Options) -> list[str]:
+def providers_for(device: torch.device, options: Options) -> list[str | tuple[str, dict[str, str]]]:
     """The execution providers for tensors on ``device``, unless the options name them."""
     available = ort.get_available_providers()
     if options.providers is not None:
@@ -82,7 +82,11 @@ def providers_for(device: torch.device, options: Options) -> list[str]:
                 "the inputs are CUDA tensors but this onnxruntime has no CUDAExecutionProvider "
                 f"(available: {available}); install the onnxruntime-gpu package in place of onnxruntime"
             )
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        # ONNX Runtime runs on torch's current stream, so its kernels are ordered after the torch work
+        # that produced the inputs and before the torch work that reads the outputs, with no sync.
+        stream = torch.cuda.current_stream(device)
+        cuda_options = {"device_id": str(device.index or 0), "user_compute_stream": str(stream.cuda_stream)}
+        return [("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
     raise RuntimeSessionError(f"aot2onnx runs CPU and CUDA tensors; got a tensor on {device}")
 
 
@@ -165,12 +169,15 @@ class OrtGraph:
                     continue
                 if spec.kind is InputKind.SYMINT:
                     arg = torch.tensor(int(arg), dtype=torch.int64, device=self.device)
-                elif not arg.is_contiguous():
-                    arg = arg.contiguous()
-                elif arg.device != self.device:
-                    raise RuntimeSessionError(
-                        f"graph {self.name!r} was compiled for {self.device} but got a tensor on {arg.device}"
-                    )
+                else:
+                    if arg.device != self.device:
+                        if arg.dim() != 0:
+                            raise RuntimeSessionError(
+                                f"graph {self.name!r} was compiled for {self.device} but got a tensor on {arg.device}"
+                            )
+                        arg = arg.to(self.device)  # a CPU scalar beside CUDA tensors, as torch allows
+                    if not arg.is_contiguous():
+                        arg = arg.contiguous()
                 keep_alive.append(arg)
                 dtype = _TORCH_TO_ONNX.get(arg.dtype)
                 if dtype is None:
