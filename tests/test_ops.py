@@ -170,3 +170,32 @@ def test_symbolic_sizes():
         x = torch.randn(batch, 7, 8, generator=g)
         graphs = _check_fn(fn, x, w, dynamic=True)
         assert any(inp.kind.value == "symint" for g_ in graphs for inp in g_.signature.inputs)
+
+
+@pytest.mark.parametrize(
+    "stride,padding,output_padding,groups,dilation",
+    [(1, 0, 0, 1, 1), (2, 1, 1, 1, 1), (2, 0, 0, 2, 1), (3, 2, 1, 2, 2)],
+)
+def test_conv_transpose2d_backward(stride, padding, output_padding, groups, dilation):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 7, 6, generator=g)
+    w = torch.randn(4, 6 // groups, 3, 3, generator=g)
+    b = torch.randn(6, generator=g)
+    _check_fn(lambda x, w, b: F.conv_transpose2d(x, w, b, stride, padding, output_padding, groups, dilation), x, w, b)
+
+
+@pytest.mark.parametrize(
+    "kernel,stride,padding,ceil_mode,count_include_pad,divisor",
+    [(2, 2, 0, False, True, None), (3, 2, 1, False, True, None), (3, 2, 1, False, False, None),
+     (3, 2, 1, True, True, None), (3, 2, 1, True, False, None), (3, 1, 1, False, True, 5), ((2, 3), (1, 2), (1, 1), True, False, None)],
+)
+def test_avg_pool2d_backward(kernel, stride, padding, ceil_mode, count_include_pad, divisor):
+    x = torch.randn(2, 3, 11, 10, generator=torch.Generator().manual_seed(0))
+    _check_fn(lambda x: F.avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor), x)
+
+
+def test_avg_pool1d_and_3d_backward():
+    g = torch.Generator().manual_seed(0)
+    _check_fn(lambda x: F.avg_pool1d(x, 3, 2, 1, count_include_pad=False), torch.randn(2, 3, 11, generator=g))
+    # ceil_mode is left out in 3d: torch_lib's avg_pool3d forward sizes the output differently from torch then.
+    _check_fn(lambda x: F.avg_pool3d(x, 2, 2, 1), torch.randn(1, 2, 5, 6, 7, generator=g))

@@ -84,16 +84,25 @@ def aten_convolution_backward(
     output_mask: Sequence[bool],
 ):
     """convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"""
-    if transposed:
-        raise NotImplementedError("convolution_backward of a transposed convolution is not lowered yet")
     spatial = len(weight.shape) - 2
     # aten allows one-element lists for every spatial dim.
     stride, padding, dilation = ([*v] * spatial if len(v) == 1 else list(v) for v in (stride, padding, dilation))
     grad_input = grad_weight = grad_bias = None
-    if output_mask[0]:
-        grad_input = _grad_input(grad_output, input, weight, stride, padding, dilation, groups)
-    if output_mask[1]:
-        grad_weight = _grad_weight(grad_output, input, weight, stride, padding, dilation, groups)
+    if transposed:
+        # y = conv_transpose(x, W) is the input gradient of conv(., W), so its gradients are the same
+        # two pieces with roles swapped: dx = conv(dy, W), and dW is the weight gradient of a convolution
+        # whose input is dy and whose output gradient is x. W's (C_in, C_out/groups, *k) layout is
+        # Conv's weight layout for that convolution. output_padding only adds rows no window reads.
+        if output_mask[0]:
+            grad_input = op.Conv(grad_output, weight, strides=stride, pads=list(padding) * 2,
+                                 dilations=dilation, group=groups)
+        if output_mask[1]:
+            grad_weight = _grad_weight(input, grad_output, weight, stride, padding, dilation, groups)
+    else:
+        if output_mask[0]:
+            grad_input = _grad_input(grad_output, input, weight, stride, padding, dilation, groups)
+        if output_mask[1]:
+            grad_weight = _grad_weight(grad_output, input, weight, stride, padding, dilation, groups)
     if output_mask[2]:
         axes = op.Constant(value_ints=[0, *range(2, 2 + spatial)])
         grad_bias = op.ReduceSum(grad_output, axes, keepdims=0)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
+from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
 
 from aot2onnx.lower.registry import project_rule
 
@@ -40,3 +43,88 @@ def aten_max_pool2d_with_indices_backward(
         axis=2, reduction="add",
     )
     return op.Reshape(grad, shape)
+
+
+def _avg_pool_divisor(self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override) -> np.ndarray:
+    """The divisor of every output position of an average pool, as torch computes it (float32).
+
+    It depends on the padding, the ceil-mode overhang, count_include_pad and divisor_override. torch
+    itself computes it, once, at lowering: pooling ones gives count/divisor, and sum-pooling them
+    (divisor_override=1) gives count.
+    """
+    sizes = list(self.shape[2:])
+    if not all(isinstance(d, int) for d in sizes):
+        raise NotImplementedError("avg_pool with a divisor other than the window size needs static spatial sizes")
+    pool = torch.nn.functional.avg_pool2d if len(sizes) == 2 else torch.nn.functional.avg_pool3d
+    # Lowering runs inside AOTAutograd's fake mode; these are real tensors.
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        ones = torch.ones(1, 1, *sizes, dtype=torch.float64)
+        averaged = pool(ones, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        counted = pool(ones, kernel, stride, padding, ceil_mode, count_include_pad, 1)
+        return (counted / averaged)[0, 0].to(torch.float32).numpy()
+
+
+def _pool_args(self, kernel_size, stride, padding):
+    spatial = len(self.shape) - 2  # avg_pool1d reaches here as avg_pool2d
+    kernel = list(kernel_size) * spatial if len(kernel_size) == 1 else list(kernel_size)
+    stride = (list(stride) * spatial if len(stride) == 1 else list(stride)) if stride else kernel
+    padding = list(padding) * spatial if len(padding) == 1 else list(padding)
+    return spatial, kernel, stride, padding
+
+
+@project_rule(aten.avg_pool2d.default)
+def aten_avg_pool2d(self, kernel_size, stride=(), padding=(0, 0), ceil_mode=False, count_include_pad=True,
+                    divisor_override=None):
+    """avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor"""
+    # torch_lib's rule ignores divisor_override; rescale its result by default divisor / override.
+    pooled = torchlib_nn.aten_avg_pool2d(self, kernel_size, stride, padding, ceil_mode, count_include_pad)
+    if not divisor_override:
+        return pooled
+    _, kernel, stride, padding = _pool_args(self, kernel_size, stride, padding)
+    default = _avg_pool_divisor(self, kernel, stride, padding, ceil_mode, count_include_pad, None)
+    scale = default / np.float32(divisor_override)
+    return op.Mul(pooled, op.CastLike(op.Constant(value=ir.tensor(scale)), pooled))
+
+
+def _avg_pool_backward(
+    grad_output,
+    self,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: int | None,
+):
+    spatial, kernel, stride, padding = _pool_args(self, kernel_size, stride, padding)
+    divisor = _avg_pool_divisor(self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    grad = op.Div(grad_output, op.CastLike(op.Constant(value=ir.tensor(divisor)), grad_output))
+    # Spread each position's share over its window: a depthwise transposed convolution with a kernel of
+    # ones, computed unpadded and then cut to the input's extent (ceil mode can overhang the end).
+    weight_shape = op.Concat(op.Shape(self, start=1, end=2), op.Constant(value_ints=[1, *kernel]), axis=0)
+    weight = op.Expand(op.CastLike(1.0, grad_output), weight_shape)
+    channels = self.shape[1]
+    if not isinstance(channels, int):
+        raise NotImplementedError("avg_pool backward needs a static channel count")
+    full = op.ConvTranspose(grad, weight, strides=stride, group=channels)
+    full = op.Pad(full, op.Constant(value_ints=[0] * (spatial + 2) + [0, 0] + list(stride)))
+    axes = list(range(2, 2 + spatial))
+    starts = op.Constant(value_ints=padding)
+    ends = op.Add(starts, op.Shape(self, start=2))
+    return op.Slice(full, starts, ends, op.Constant(value_ints=axes))
+
+
+@project_rule(aten.avg_pool2d_backward.default)
+def aten_avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                             divisor_override=None):
+    """avg_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor"""
+    return _avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                              divisor_override)
+
+
+@project_rule(aten.avg_pool3d_backward.default)
+def aten_avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                             divisor_override=None):
+    """avg_pool3d_backward(Tensor grad_output, Tensor self, int[3] kernel_size, int[3] stride, int[3] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor"""
+    return _avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                              divisor_override)
