@@ -177,3 +177,28 @@ def test_outputs_of_earlier_calls_are_not_overwritten():
     b = compiled(torch.full((4,), 5.0))
     torch.testing.assert_close(a, torch.full((4,), 3.0))
     torch.testing.assert_close(b, torch.full((4,), 11.0))
+
+
+@torch.library.custom_op("aot2onnx_test::scaled_tanh", mutates_args=())
+def scaled_tanh(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.tanh(x) * scale
+
+
+scaled_tanh.register_fake(lambda x, scale: torch.empty_like(x))
+
+
+def test_user_lowering_for_a_custom_op():
+    from onnxscript import opset18 as op
+
+    @aot2onnx.register_lowering(torch.ops.aot2onnx_test.scaled_tanh.default)
+    def lower_scaled_tanh(x, scale: float):
+        return op.Mul(op.Tanh(x), op.CastLike(scale, x))
+
+    with pytest.raises(TypeError, match=r"\.default"):
+        aot2onnx.register_lowering(torch.ops.aot2onnx_test.scaled_tanh)
+    x = torch.randn(4, 3)
+    aot2onnx.reset_compiled_graphs()
+    fn = lambda x: torch.ops.aot2onnx_test.scaled_tanh(x + 1, 2.5) * 3
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(fn, backend="aot2onnx")(x), fn(x), rtol=1e-5, atol=1e-6)
+    assert [g.runs for g in aot2onnx.compiled_graphs()] == [1]

@@ -106,16 +106,20 @@ _PROJECT_RULES: list[Rule] = []
 _USER_RULES: list[Rule] = []
 
 
-def project_rule(target: Target, *, opset: int = 18) -> Callable[[Callable], Callable]:
-    """Decorator for the rules in ``aot2onnx.lower.ops``."""
+def _decorator(target: Target, opset: int, origin: str, rules: list[Rule]) -> Callable[[Callable], Callable]:
+    _check_target(target)
 
     def decorate(function: Callable) -> Callable:
-        _check_target(target)
-        _PROJECT_RULES.append(Rule(target, function, opset, Origin.PROJECT))
-        default_registry.cache_clear()
+        rules.append(Rule(target, function, opset, origin))
+        default_registry.cache_clear()  # the next compilation sees the new rule
         return function
 
     return decorate
+
+
+def project_rule(target: Target, *, opset: int = 18) -> Callable[[Callable], Callable]:
+    """Decorator for the rules in ``aot2onnx.lower.ops``."""
+    return _decorator(target, opset, Origin.PROJECT, _PROJECT_RULES)
 
 
 def register_lowering(target: Target, *, opset: int = 18) -> Callable[[Callable], Callable]:
@@ -133,14 +137,7 @@ def register_lowering(target: Target, *, opset: int = 18) -> Callable[[Callable]
 
     User rules take precedence over aot2onnx's and torch_lib's.
     """
-
-    def decorate(function: Callable) -> Callable:
-        _check_target(target)
-        _USER_RULES.append(Rule(target, function, opset, Origin.USER))
-        default_registry.cache_clear()
-        return function
-
-    return decorate
+    return _decorator(target, opset, Origin.USER, _USER_RULES)
 
 
 @functools.cache
