@@ -7,6 +7,7 @@ import itertools
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,15 +46,19 @@ def aot2onnx_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     return compile_fx(gm, example_inputs, options=options)
 
 
-@functools.cache
-def _decompositions(registry_id: int, opset: int) -> dict:
-    registry = default_registry()
-    return decomposition_table(t for t in registry.targets() if registry.supports(t, opset))
+_decomposition_cache: weakref.WeakKeyDictionary[Registry, dict[int, dict]] = weakref.WeakKeyDictionary()
+
+
+def _decompositions(registry: Registry, opset: int) -> dict:
+    """The decomposition table for what ``registry`` lowers at ``opset`` (built once per registry)."""
+    by_opset = _decomposition_cache.setdefault(registry, {})
+    if opset not in by_opset:
+        by_opset[opset] = decomposition_table(t for t in registry.targets() if registry.supports(t, opset))
+    return by_opset[opset]
 
 
 def _device_of(example_inputs: Sequence[Any]) -> torch.device:
-    devices = {x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.dim() > 0}
-    devices |= {x.device for x in example_inputs if isinstance(x, torch.Tensor)} if not devices else set()
+    devices = {x.device for x in example_inputs if isinstance(x, torch.Tensor)}
     accelerators = {d for d in devices if d.type != "cpu"}
     if len(accelerators) > 1:
         raise LoweringError(f"one compiled graph takes tensors on several devices: {sorted(map(str, devices))}")
@@ -83,7 +88,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, optio
         gm,
         example_inputs,
         compile_graph=compile_graph,
-        decompositions=_decompositions(id(registry), options.opset),
+        decompositions=_decompositions(registry, options.opset),
         partitioner=options.partitioner,
     )
 

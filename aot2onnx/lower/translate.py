@@ -231,7 +231,7 @@ def lower_graph(
                     continue
                 values[node.name] = value
                 graph.inputs.append(value)
-                kind = InputKind.SYMINT if value.shape.rank() == 0 and not isinstance(node.meta.get("val"), torch.Tensor) else InputKind.TENSOR
+                kind = InputKind.TENSOR if isinstance(node.meta.get("val"), torch.Tensor) else InputKind.SYMINT
                 input_specs.append(InputSpec(kind, node.name))
             elif node.op == "get_attr":
                 tensor = getattr(gm, node.target)
