@@ -72,14 +72,6 @@ class Registry:
         rules.append(rule)
         rules.sort(key=lambda r: (self._PRIORITY[r.origin], -r.opset_introduced))
 
-    def copy(self) -> Registry:
-        new = Registry()
-        new._rules = {k: list(v) for k, v in self._rules.items()}
-        return new
-
-    def candidates(self, target: Target) -> list[Rule]:
-        return list(self._rules.get(_key(target), ()))
-
     def lookup(self, target: Target, opset: int, *, is_complex: bool = False) -> tuple[Rule | None, str]:
         """The rule to use at ``opset``, or ``None`` and the reason every candidate was rejected."""
         candidates = self._rules.get(_key(target))

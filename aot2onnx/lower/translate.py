@@ -30,9 +30,6 @@ __all__ = ["LoweredGraph", "lower_graph", "unsupported_nodes", "user_source_line
 
 logger = logging.getLogger("aot2onnx")
 
-_FX_NODE_KEY = "pkg.torch.onnx.fx_node"
-_STACK_KEY = "pkg.torch.onnx.stack_trace"
-
 
 @dataclasses.dataclass(frozen=True)
 class LoweredGraph:
@@ -112,11 +109,6 @@ def _value_for_placeholder(node: torch.fx.Node, opset: onnxscript.values.Opset) 
     return value
 
 
-def _set_metadata(fx_node: torch.fx.Node, ir_node: ir.Node) -> None:
-    ir_node.metadata_props[_FX_NODE_KEY] = fx_node.format_node()
-    ir_node.metadata_props[_STACK_KEY] = fx_node.meta.get("stack_trace", "") or ""
-
-
 def _lower_call(
     model: ir.Model,
     graph: ir.Graph,
@@ -181,7 +173,7 @@ def _lower_call(
         outputs.name = node.name
         values[node.name] = outputs
     for ir_node in tracer.nodes:
-        _set_metadata(node, ir_node)
+        _core._set_node_metadata(node, ir_node)  # the exporter's provenance keys: FX node, stack, scope
     graph.extend(tracer.nodes)
 
 
