@@ -82,7 +82,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, optio
     label = f"g{next(_graph_ids):03d}_{_graph_label(gm)}"
 
     def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any], kind: GraphKind, capture_s: float) -> OrtGraph:
-        return _compile_graph(graph, f"{label}_{kind.value}", device, options, registry, capture_s)
+        return _compile_graph(graph, f"{label}_{kind.value}", kind, device, options, registry, capture_s)
 
     return capture(
         gm,
@@ -96,6 +96,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, optio
 def _compile_graph(
     graph: torch.fx.GraphModule,
     name: str,
+    kind: GraphKind,
     device: torch.device,
     options: Options,
     registry: Registry,
@@ -116,7 +117,7 @@ def _compile_graph(
         logger.info("aot2onnx: wrote %s", path)
     start = time.perf_counter()
     runner = OrtGraph(
-        lowered.model, lowered.signature, name=name, device=device, options=options,
+        lowered.model, lowered.signature, name=name, device=device, options=options, kind=kind.value,
         fx_node_count=lowered.fx_node_count,
     )
     session_s = time.perf_counter() - start

@@ -14,7 +14,7 @@ import torch
 
 from aot2onnx.runtime.session import OrtGraph, compiled_graphs, reset_compiled_graphs
 
-__all__ = ["ParityReport", "assert_parity", "HEAVY_ATEN_OPS"]
+__all__ = ["EffectsReport", "ParityReport", "assert_parity", "assert_same_effects", "HEAVY_ATEN_OPS"]
 
 # Ops that, if torch ran them during a compiled forward/backward, would mean model compute ran in eager.
 HEAVY_ATEN_OPS = frozenset(
@@ -238,3 +238,193 @@ def _quiet_stderr():
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Side effects of one call: outputs, gradients, input mutations (data and metadata), aliasing.
+
+
+@dataclasses.dataclass
+class EffectsReport:
+    """What :func:`assert_same_effects` compared, for the caller to inspect or assert more on."""
+
+    eager_outputs: list[Any]
+    compiled_outputs: list[Any]
+    compared: list[str]  # one line per comparison made
+    graphs: list[OrtGraph]
+
+
+def _tensor_leaves(value: Any) -> list[Any]:
+    return torch.utils._pytree.tree_leaves(value)
+
+
+def _autograd_leaves(args: Sequence[Any]) -> list[torch.Tensor]:
+    """The leaf tensors requiring grad that ``args`` come from (themselves, their bases, what they were computed from)."""
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+
+    def visit(fn: Any) -> None:
+        if fn is None or id(fn) in seen:
+            return
+        seen.add(id(fn))
+        variable = getattr(fn, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            found.setdefault(id(variable), variable)
+        for next_fn, _ in fn.next_functions:
+            visit(next_fn)
+
+    for x in args:
+        if not isinstance(x, torch.Tensor) or not x.requires_grad:
+            continue
+        if x.is_leaf:
+            found.setdefault(id(x), x)
+        else:
+            visit(x.grad_fn)
+    return list(found.values())
+
+
+def _storage_key(t: torch.Tensor) -> int | None:
+    if t.numel() == 0 or t.is_sparse:
+        return None
+    return t.untyped_storage().data_ptr()
+
+
+def _aliasing(outputs: list[Any], args: Sequence[Any]) -> list[tuple]:
+    """Per tensor output: (input positions sharing its storage, earlier outputs sharing it, is it a view)."""
+    in_keys = [_storage_key(a) if isinstance(a, torch.Tensor) else None for a in args]
+    out_keys = [_storage_key(o) if isinstance(o, torch.Tensor) else None for o in outputs]
+    result = []
+    for i, o in enumerate(outputs):
+        if not isinstance(o, torch.Tensor):
+            result.append(None)
+            continue
+        key = out_keys[i]
+        inputs = tuple(j for j, k in enumerate(in_keys) if key is not None and k == key)
+        earlier = tuple(j for j in range(i) if key is not None and out_keys[j] == key)
+        shared = bool(inputs) or any(j != i and k == key for j, k in enumerate(out_keys) if key is not None)
+        # A view whose base is neither an input nor another output is unobservable: AOTAutograd (with any
+        # backend) may hand it back as a fresh tensor, so it is recorded as "no view".
+        result.append((inputs, earlier, shared and o._base is not None))
+    return result
+
+
+def assert_same_effects(
+    fn: Callable[..., Any],
+    make_inputs: Callable[[], Sequence[Any]],
+    *,
+    backend: Any = "aot2onnx",
+    dynamic: bool | None = None,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    grad: bool = True,
+    mutate_outputs: bool = True,
+    seed: int = 0,
+) -> EffectsReport:
+    """Calls ``fn`` eagerly and through ``torch.compile(backend=...)`` and checks that nothing differs.
+
+    ``make_inputs()`` is called once per side (after ``torch.manual_seed(seed)``) and must build equal,
+    independent inputs; it can build aliasing ones (``a, a.view(-1)``). ``fn`` may be an ``nn.Module``: the
+    compiled side runs a deep copy, and its parameters' gradients and its buffers are compared too.
+
+    Compared, in order:
+      1. the outputs: values, dtypes, shapes, and for outputs that alias an input, strides;
+      2. aliasing: for each output, which inputs and which earlier outputs share its storage, and whether
+         it is a view (has a ``_base``) of something the caller can see;
+      3. every tensor input after the call: contents, shape, strides (data and metadata mutations);
+      4. with ``grad``: after a backward pass with random cotangents through the outputs that require
+         grad, the gradient of every autograd leaf the inputs come from, and of the module's parameters;
+      5. with ``mutate_outputs``: after ``out.add_(1)`` on every floating output (under ``no_grad``), the
+         inputs again, so that a returned view of an input is a real view of it.
+    Also asserts that ONNX Runtime ran at least one compiled graph.
+    """
+    compared: list[str] = []
+
+    def check_tensor(what: str, e: Any, c: Any, strides: bool) -> None:
+        if not isinstance(e, torch.Tensor):
+            assert e == c, f"{what}: {c!r} != eager {e!r}"
+            compared.append(what)
+            return
+        assert isinstance(c, torch.Tensor), f"{what}: compiled gave {type(c).__name__}, eager a tensor"
+        assert c.dtype == e.dtype, f"{what}: dtype {c.dtype} != eager {e.dtype}"
+        assert c.shape == e.shape, f"{what}: shape {tuple(c.shape)} != eager {tuple(e.shape)}"
+        if strides:
+            assert c.stride() == e.stride(), f"{what}: strides {c.stride()} != eager {e.stride()}"
+        torch.testing.assert_close(c.detach(), e.detach(), rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+        compared.append(what)
+
+    reset_compiled_graphs()
+    torch.manual_seed(seed)
+    args_e = tuple(make_inputs())
+    torch.manual_seed(seed)
+    args_c = tuple(make_inputs())
+    is_module = isinstance(fn, torch.nn.Module)
+    fn_c = copy.deepcopy(fn) if is_module else fn
+    compiled = torch.compile(fn_c, backend=backend, dynamic=dynamic)
+
+    torch.manual_seed(seed + 1)
+    out_e = _tensor_leaves(fn(*args_e))
+    torch.manual_seed(seed + 1)
+    out_c = _tensor_leaves(compiled(*args_c))
+    assert len(out_c) == len(out_e), f"{len(out_c)} outputs, eager gave {len(out_e)}"
+
+    alias_e, alias_c = _aliasing(out_e, args_e), _aliasing(out_c, args_c)
+    for i, (e, c) in enumerate(zip(out_e, out_c)):
+        check_tensor(f"output {i}", e, c, strides=bool(alias_e[i] and alias_e[i][0]))
+        assert alias_c[i] == alias_e[i], (
+            f"output {i} aliasing (inputs, earlier outputs, is a view): {alias_c[i]} != eager {alias_e[i]}"
+        )
+        compared.append(f"output {i} aliasing")
+        if isinstance(e, torch.Tensor):
+            assert c.requires_grad == e.requires_grad, f"output {i}: requires_grad {c.requires_grad} != eager"
+
+    def check_inputs(when: str) -> None:
+        for i, (e, c) in enumerate(zip(args_e, args_c)):
+            if isinstance(e, torch.Tensor):
+                check_tensor(f"input {i} {when}", e, c, strides=True)
+        if is_module:
+            for (name, b_e), (_, b_c) in zip(fn.named_buffers(), fn_c.named_buffers()):
+                check_tensor(f"buffer {name} {when}", b_e, b_c, strides=True)
+            for (name, p_e), (_, p_c) in zip(fn.named_parameters(), fn_c.named_parameters()):
+                check_tensor(f"parameter {name} {when}", p_e, p_c, strides=True)
+
+    check_inputs("after the call")
+
+    if grad:
+        diff_e = [o for o in out_e if isinstance(o, torch.Tensor) and o.requires_grad]
+        diff_c = [o for o in out_c if isinstance(o, torch.Tensor) and o.requires_grad]
+        if diff_e:
+            g = torch.Generator().manual_seed(seed + 2)
+            cotangents = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in diff_e]
+            torch.autograd.backward(diff_e, cotangents)
+            torch.autograd.backward(diff_c, [t.clone() for t in cotangents])
+            leaves_e, leaves_c = _autograd_leaves(args_e), _autograd_leaves(args_c)
+            assert len(leaves_e) == len(leaves_c)
+            for i, (e, c) in enumerate(zip(leaves_e, leaves_c)):
+                check_tensor(f"grad of input leaf {i}", e.grad, c.grad, strides=False)
+            if is_module:
+                for (name, p_e), (_, p_c) in zip(fn.named_parameters(), fn_c.named_parameters()):
+                    if p_e.grad is not None or p_c.grad is not None:
+                        check_tensor(f"grad of {name}", p_e.grad, p_c.grad, strides=False)
+
+    if mutate_outputs:
+        with torch.no_grad():
+            for i, (e, c) in enumerate(zip(out_e, out_c)):
+                if isinstance(e, torch.Tensor) and e.is_floating_point():
+                    # Some outputs may not be mutated (a view from a multi-output view op): then
+                    # neither side may allow it.
+                    try:
+                        e.add_(1)
+                    except RuntimeError as err:
+                        try:
+                            c.add_(1)
+                        except RuntimeError:
+                            continue
+                        raise AssertionError(f"output {i}: eager refuses add_ ({err}), compiled allows it") from None
+                    c.add_(1)
+        check_inputs("after mutating the outputs")
+        for i, (e, c) in enumerate(zip(out_e, out_c)):
+            check_tensor(f"output {i} after mutating the outputs", e, c, strides=False)
+
+    graphs = compiled_graphs()
+    assert graphs and any(g.runs for g in graphs), "no ONNX Runtime session ran"
+    return EffectsReport(out_e, out_c, compared, graphs)

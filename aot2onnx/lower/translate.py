@@ -20,6 +20,7 @@ import onnx_ir as ir
 import onnxscript
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.onnx._internal.exporter import _building, _core, _fx_passes, _ir_passes, _tensors
 
 from aot2onnx.errors import LoweringError, UnsupportedOpError
@@ -29,6 +30,17 @@ from aot2onnx.signature import GraphSignature, InputKind, InputSpec, OutputKind,
 __all__ = ["LoweredGraph", "lower_graph", "unsupported_nodes", "user_source_line"]
 
 logger = logging.getLogger("aot2onnx")
+
+
+# Warnings from the libraries we build on that describe normal cases for aot2onnx, not problems:
+# the exporter warns for every node outside an nn.Module (any torch.compile'd function; the node still gets
+# its FX name and stack trace), and onnx_ir for a constant that is also a graph output.
+_EXPECTED_WARNINGS = {
+    _core.logger.name: "nn_module_stack not found",
+    "onnx_ir.passes.common.initializer_deduplication": "Skipped deduplication of initializer",
+}
+for _logger_name, _prefix in _EXPECTED_WARNINGS.items():
+    logging.getLogger(_logger_name).addFilter(lambda record, prefix=_prefix: not str(record.msg).startswith(prefix))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,12 +267,45 @@ def lower_graph(
             graph.inputs.remove(value)
 
     _ir_passes.add_opset_imports(model)
+    _seed_random_ops(model)
     if optimize:
         onnxscript.optimizer.optimize_ir(model)
     if opset != 18:
         onnxscript.version_converter.convert_version(model, opset, fallback=True)
     proto = ir.serde.serialize_model(model)
     return LoweredGraph(proto, GraphSignature(tuple(input_specs), tuple(output_specs)), fx_nodes, len(proto.graph.node))
+
+
+_RANDOM_OPS = frozenset(
+    {"Dropout", "RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike", "Bernoulli", "Multinomial"}
+)
+
+
+def _seed_random_ops(model: ir.Model) -> None:
+    """Gives every random ONNX node a seed drawn from torch's default generator.
+
+    The draw happens once, when the graph is lowered, so ``torch.manual_seed(s)`` before the first call
+    makes a run reproducible. Each node gets its own seed: two dropout layers never share a mask, and
+    the optimizer cannot merge two random nodes as common subexpressions. ONNX Runtime's kernels keep
+    their generator between runs, so each call still draws a new mask.
+    """
+    graphs = [model.graph, *(f.graph for f in model.functions.values())]
+    nodes = [
+        node
+        for graph in graphs
+        for node in ir.traversal.RecursiveGraphIterator(graph)
+        if node.domain in ("", "ai.onnx") and node.op_type in _RANDOM_OPS
+    ]
+    if not nodes:
+        return
+    # Compilation runs under Dynamo's fake tensor mode; the draw must use torch's real generator.
+    with unset_fake_temporarily():
+        # ONNX stores the seed as a float: stay below 2**24, where every integer is exact.
+        seeds = torch.randint(0, 2**24, (len(nodes),)).tolist()
+    for node, seed in zip(nodes, seeds):
+        # Dropout's seed is an int; the other random ops take a float.
+        attr = ir.AttrInt64("seed", seed) if node.op_type == "Dropout" else ir.AttrFloat32("seed", float(seed))
+        node.attributes["seed"] = attr
 
 
 def _graph_outputs(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import weakref
 from collections.abc import Sequence
@@ -90,6 +91,33 @@ def providers_for(device: torch.device, options: Options) -> list[str | tuple[st
     raise RuntimeSessionError(f"aot2onnx runs CPU and CUDA tensors; got a tensor on {device}")
 
 
+_MISSING_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
+
+
+def _explain_missing_kernel(model: onnx.ModelProto, message: str) -> str:
+    """For ONNX Runtime's "no kernel" error: the node's input types and the ATen node it came from."""
+    match = _MISSING_KERNEL.search(message)
+    if match is None:
+        return ""
+    op_type, _, node_name = match.groups()
+    node = next((n for n in model.graph.node if n.name == node_name), None)
+    if node is None:
+        return ""
+    types = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.input, *model.graph.value_info)}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    input_types = [onnx.TensorProto.DataType.Name(types[i]).lower() if i in types else "?" for i in node.input if i]
+    props = {p.key: p.value for p in node.metadata_props}
+    origin = props.get("pkg.torch.onnx.fx_node", "")
+    trace = [line.strip() for line in props.get("pkg.torch.onnx.stack_trace", "").splitlines() if line.strip()]
+    lines = [
+        f"\n  ONNX Runtime's providers have no {op_type} kernel for inputs of type ({', '.join(input_types)}).",
+        f"\n  The node was lowered from: {origin}" if origin else "",
+        f"\n  at {trace[-2]}: {trace[-1]}" if len(trace) >= 2 else "",
+        "\n  Run this part of the model in a dtype ONNX Runtime supports for the op (float32 in most cases).",
+    ]
+    return "".join(lines)
+
+
 class OrtGraph:
     """A lowered graph and its session: a boxed callable for AOTAutograd's runtime wrappers.
 
@@ -108,9 +136,11 @@ class OrtGraph:
         name: str,
         device: torch.device,
         options: Options,
+        kind: str = "inference",
         fx_node_count: int = 0,
     ) -> None:
         self.name = name
+        self.kind = kind  # "forward", "backward" or "inference": which of AOTAutograd's graphs this is
         self.options = options
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
         self.signature = signature
@@ -133,7 +163,9 @@ class OrtGraph:
             except RuntimeSessionError:
                 raise
             except Exception as e:
-                raise RuntimeSessionError(f"ONNX Runtime could not create a session for graph {name!r}: {e}") from e
+                raise RuntimeSessionError(
+                    f"ONNX Runtime could not create a session for graph {name!r}: {e}{_explain_missing_kernel(model, str(e))}"
+                ) from e
             self._binding = self._session.io_binding()._iobinding
         self._ort_device = ort.OrtDevice.make(
             "cuda" if device.type == "cuda" else "cpu", device.index or 0
@@ -206,6 +238,6 @@ class OrtGraph:
 
     def __repr__(self) -> str:
         return (
-            f"OrtGraph({self.name!r}, fx_nodes={self.fx_node_count}, onnx_nodes={self.onnx_node_count}, "
+            f"OrtGraph({self.name!r}, kind={self.kind}, fx_nodes={self.fx_node_count}, onnx_nodes={self.onnx_node_count}, "
             f"runs={self.runs}, device={self.device})"
         )

@@ -1,4 +1,4 @@
-"""Batch normalization in training mode.
+"""Normalization: batch norm in training mode, layer norm in double.
 
 torch_lib lowers ``_native_batch_norm_legit_functional`` with inference semantics whatever ``training``
 says (it normalizes with the running statistics and returns them unchanged), which is wrong for training.
@@ -7,8 +7,12 @@ This rule computes the batch statistics and the running-statistics update as ATe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
+from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
 from aot2onnx.lower.registry import project_rule
 
@@ -61,3 +65,23 @@ def aten__native_batch_norm_legit_functional(
     if bias is not None:
         out = op.Add(out, _per_channel(bias, rank))
     return out, save_mean, save_rstd, new_mean, new_var
+
+
+@project_rule(aten.native_layer_norm.default)
+def aten_native_layer_norm(input, normalized_shape: Sequence[int], weight=None, bias=None, eps: float = 1e-05):
+    """native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)"""
+    if input.dtype != ir.DataType.DOUBLE:
+        return torchlib_core.aten_native_layer_norm(input, normalized_shape, weight, bias, eps)
+    # ONNX Runtime's LayerNormalization keeps its mean and inverse std in float whatever the input; torch
+    # keeps them in double for a double input, and the backward graph reads them. Spelled out in double.
+    axes = op.Constant(value_ints=list(range(-len(normalized_shape), 0)))
+    mean = op.ReduceMean(input, axes, keepdims=1)
+    centered = op.Sub(input, mean)
+    var = op.ReduceMean(op.Mul(centered, centered), axes, keepdims=1)
+    rstd = op.Reciprocal(op.Sqrt(op.Add(var, op.CastLike(eps, input))))
+    out = op.Mul(centered, rstd)
+    if weight is not None:
+        out = op.Mul(out, weight)
+    if bias is not None:
+        out = op.Add(out, bias)
+    return out, mean, rstd
