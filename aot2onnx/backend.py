@@ -16,6 +16,7 @@ import torch
 import torch.fx
 
 from aot2onnx.capture import GraphKind, capture, decomposition_table
+from aot2onnx.capture.fastpath import FASTPATH_DECOMPOSITIONS
 from aot2onnx.errors import LoweringError
 from aot2onnx.lower.registry import Registry, default_registry
 from aot2onnx.lower.translate import lower_graph
@@ -53,7 +54,8 @@ def _decompositions(registry: Registry, opset: int) -> dict:
     """The decomposition table for what ``registry`` lowers at ``opset`` (built once per registry)."""
     by_opset = _decomposition_cache.setdefault(registry, {})
     if opset not in by_opset:
-        by_opset[opset] = decomposition_table(t for t in registry.targets() if registry.supports(t, opset))
+        table = decomposition_table(t for t in registry.targets() if registry.supports(t, opset))
+        by_opset[opset] = {**table, **FASTPATH_DECOMPOSITIONS}
     return by_opset[opset]
 
 

@@ -292,6 +292,45 @@ def test_inference_is_one_forward_graph(mode, train):
     assert graphs[0].runs == 3
 
 
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+@pytest.mark.parametrize("masks", ["none", "padding", "causal", "both"])
+def test_eval_transformer_fast_path_under_no_grad(norm_first, masks):
+    # In eval mode under no_grad, TransformerEncoderLayer calls torch's fused _transformer_encoder_layer_fwd,
+    # which aot2onnx decomposes (aot2onnx/capture/fastpath.py) instead of failing on it.
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, norm_first=norm_first, activation="gelu")
+    layer.eval()
+    compiled = torch.compile(__import__("copy").deepcopy(layer), backend="aot2onnx")
+    aot2onnx.reset_compiled_graphs()
+    x = torch.randn(3, 7, 32)
+    padding = torch.zeros(3, 7, dtype=torch.bool)
+    padding[0, 5:] = True
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(7)
+    kwargs = {"none": {}, "padding": {"src_key_padding_mask": padding}, "causal": {"src_mask": causal},
+              "both": {"src_mask": causal != 0, "src_key_padding_mask": padding}}[masks]
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, **kwargs), layer(x, **kwargs), rtol=1e-4, atol=1e-5)
+    assert [g.kind for g in aot2onnx.compiled_graphs()] == ["inference"]
+
+
+@pytest.mark.parametrize("need_weights, average", [(True, True), (True, False), (False, True)])
+def test_eval_multihead_attention_fast_path_under_no_grad(need_weights, average):
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    compiled = torch.compile(__import__("copy").deepcopy(mha), backend="aot2onnx")
+    aot2onnx.reset_compiled_graphs()
+    x = torch.randn(3, 7, 32)
+    with torch.no_grad():
+        out_e, w_e = mha(x, x, x, need_weights=need_weights, average_attn_weights=average)
+        out_c, w_c = compiled(x, x, x, need_weights=need_weights, average_attn_weights=average)
+    torch.testing.assert_close(out_c, out_e, rtol=1e-4, atol=1e-5)
+    if need_weights:
+        torch.testing.assert_close(w_c, w_e, rtol=1e-4, atol=1e-6)
+    else:
+        assert w_e is None and w_c is None
+    assert [g.kind for g in aot2onnx.compiled_graphs()] == ["inference"]
+
+
 # 8. Randomness ---------------------------------------------------------------------------------------------------
 
 
