@@ -18,6 +18,7 @@ import torch.fx
 from aot2onnx.capture import GraphKind, capture, decomposition_table
 from aot2onnx.capture.fastpath import FASTPATH_DECOMPOSITIONS
 from aot2onnx.errors import LoweringError
+from aot2onnx.fallback import FallbackGraph, split_unsupported, unsupported_targets
 from aot2onnx.lower.registry import Registry, default_registry
 from aot2onnx.lower.translate import lower_graph
 from aot2onnx.options import Options
@@ -96,6 +97,25 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, optio
 
 
 def _compile_graph(
+    graph: torch.fx.GraphModule,
+    name: str,
+    kind: GraphKind,
+    device: torch.device,
+    options: Options,
+    registry: Registry,
+    capture_s: float,
+) -> OrtGraph | FallbackGraph:
+    if options.fallback and unsupported_targets(graph, registry, options.opset):
+        def compile_partition(partition: torch.fx.GraphModule, partition_name: str) -> OrtGraph:
+            return _compile_lowerable(partition, partition_name, kind, device, options, registry, capture_s)
+
+        return split_unsupported(
+            graph, name=name, registry=registry, opset=options.opset, compile_partition=compile_partition
+        )
+    return _compile_lowerable(graph, name, kind, device, options, registry, capture_s)
+
+
+def _compile_lowerable(
     graph: torch.fx.GraphModule,
     name: str,
     kind: GraphKind,

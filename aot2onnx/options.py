@@ -35,6 +35,9 @@ class Options:
             (save every intermediate the backward needs).
         dump_dir: Where every lowered model is written; defaults to ``$AOT2ONNX_DUMP_DIR``.
         check_model: Run ``onnx.checker`` on every lowered model before creating its session.
+        fallback: What to do with FX nodes that have no lowering. ``True``: they run in PyTorch, the rest
+            of their graph on ONNX Runtime, and a warning names them once per graph. ``False``:
+            compilation fails with an ``UnsupportedOpError`` listing every such op.
     """
 
     providers: tuple[str, ...] | None = None
@@ -46,6 +49,7 @@ class Options:
     partitioner: str = "min_cut"
     dump_dir: str | None = None
     check_model: bool = True
+    fallback: bool = True
 
     def __post_init__(self) -> None:
         if self.providers is not None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from aot2onnx.fallback import fallback_graphs, reset_fallback_graphs
 from aot2onnx.runtime.session import OrtGraph, compiled_graphs, reset_compiled_graphs
 
 __all__ = ["EffectsReport", "ParityReport", "assert_parity", "assert_same_effects", "HEAVY_ATEN_OPS"]
@@ -119,6 +120,7 @@ def assert_parity(
     backend: Any = "aot2onnx",
     seed: int = 0,
     check_torch_ops: bool = True,
+    allow_fallback: bool = False,
 ) -> ParityReport:
     """Trains an eager copy and a ``torch.compile(backend=...)`` copy of one model side by side.
 
@@ -134,6 +136,8 @@ def assert_parity(
         optimizer: ``params -> torch.optim.Optimizer``; SGD with lr=0.1 by default.
         check_torch_ops: Profile one compiled step and fail if torch ran model compute (see
             ``HEAVY_ATEN_OPS``) instead of ONNX Runtime.
+        allow_fallback: Accept graphs split by the per-node fallback (some nodes ran in PyTorch); by
+            default that fails the check, naming the ops.
 
     Compares the loss at every step, every parameter gradient and input gradient at step 1, and the
     parameters, buffers and inputs after the last step. Raises ``AssertionError`` with a table of every
@@ -143,6 +147,7 @@ def assert_parity(
     loss_fn = loss_fn or (lambda out, *_: out)
     torch._dynamo.reset()
     reset_compiled_graphs()
+    reset_fallback_graphs()
     torch.manual_seed(seed)
     eager_model = model_factory()
     compiled_model = copy.deepcopy(eager_model)
@@ -201,6 +206,9 @@ def assert_parity(
             problems.append(f"graphs compiled but never run: {[g.name for g in report.graphs if g.runs == 0]}")
     if heavy:
         problems.append(f"torch itself ran model compute during a compiled step: {heavy}")
+    fallen_back = sorted({t for g in fallback_graphs() for t in g.fallen_back})
+    if fallen_back and not allow_fallback:
+        problems.append(f"ops without a lowering ran in PyTorch (per-node fallback): {fallen_back}")
     if problems:
         raise AssertionError("\n".join(problems))
     return report

@@ -118,7 +118,7 @@ class Mysterious(nn.Module):
 
 
 def test_unsupported_ops_fail_compilation_with_every_op_listed():
-    compiled = torch.compile(Mysterious(), backend="aot2onnx")
+    compiled = torch.compile(Mysterious(), backend=aot2onnx.backend(fallback=False))
     with pytest.raises(Exception) as info:
         compiled(torch.randn(3))
     error = info.value
