@@ -7,20 +7,21 @@ import itertools
 import logging
 import os
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import onnx
+import onnx_ir as ir
 import torch
 import torch.fx
 
+from aot2onnx.cache import GraphCache, default_cache_dir, environment_key, function_fingerprint, graph_key
 from aot2onnx.capture import GraphKind, capture, decomposition_table
 from aot2onnx.capture.fastpath import FASTPATH_DECOMPOSITIONS
 from aot2onnx.errors import LoweringError
 from aot2onnx.fallback import FallbackGraph, split_unsupported, unsupported_targets
-from aot2onnx.lower.registry import Registry, default_registry
-from aot2onnx.lower.translate import lower_graph
+from aot2onnx.lower.registry import default_registry, user_rules
+from aot2onnx.lower.translate import RANDOM_OPS, LoweredGraph, lower_graph, seed_random_ops
 from aot2onnx.options import Options
 from aot2onnx.runtime.session import OrtGraph
 
@@ -48,16 +49,42 @@ def aot2onnx_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     return compile_fx(gm, example_inputs, options=options)
 
 
-_decomposition_cache: weakref.WeakKeyDictionary[Registry, dict[int, dict]] = weakref.WeakKeyDictionary()
+def _graph_cache(options: Options) -> GraphCache | None:
+    if not options.cache:
+        return None
+    directory = options.cache_dir or default_cache_dir()
+    return GraphCache(directory) if directory else None
 
 
-def _decompositions(registry: Registry, opset: int) -> dict:
-    """The decomposition table for what ``registry`` lowers at ``opset`` (built once per registry)."""
-    by_opset = _decomposition_cache.setdefault(registry, {})
-    if opset not in by_opset:
-        table = decomposition_table(t for t in registry.targets() if registry.supports(t, opset))
-        by_opset[opset] = {**table, **FASTPATH_DECOMPOSITIONS}
-    return by_opset[opset]
+def _user_rule_keys() -> tuple[str, ...]:
+    return tuple(f"{rule.target}:{rule.name}:{function_fingerprint(rule.function)}" for rule in user_rules())
+
+
+_decomposition_tables: dict[tuple, dict] = {}
+
+
+def _decompositions(opset: int, cache: GraphCache | None) -> dict:
+    """The decomposition table for what aot2onnx lowers at ``opset``.
+
+    Which ops lower is a property of the environment and the user's rules, so it is kept in the disk
+    cache too: a later process then captures without building torch_lib's registry (about a second).
+    """
+    memo_key = (opset, _user_rule_keys())
+    if memo_key not in _decomposition_tables:
+        key = environment_key("lowerable ops", *memo_key)
+        names = cache.load_json(key) if cache is not None else None
+        if names is None:
+            registry = default_registry()
+            names = sorted({_target_name(t) for t in registry.targets() if registry.supports(t, opset)})
+            if cache is not None:
+                cache.store_json(key, names)
+        table = decomposition_table(names)
+        _decomposition_tables[memo_key] = {**table, **FASTPATH_DECOMPOSITIONS}
+    return _decomposition_tables[memo_key]
+
+
+def _target_name(target: Any) -> str:
+    return target.name() if isinstance(target, torch._ops.OpOverload) else str(target)
 
 
 def _device_of(example_inputs: Sequence[Any]) -> torch.device:
@@ -80,18 +107,18 @@ def _graph_label(gm: torch.fx.GraphModule) -> str:
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: Options) -> Callable:
     """Compiles a Dynamo graph: AOTAutograd captures it, and every graph it produces runs on ONNX Runtime."""
-    registry = default_registry()
     device = _device_of(example_inputs)
     label = f"g{next(_graph_ids):03d}_{_graph_label(gm)}"
+    cache = _graph_cache(options)
 
     def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any], kind: GraphKind, capture_s: float) -> OrtGraph:
-        return _compile_graph(graph, f"{label}_{kind.value}", kind, device, options, registry, capture_s)
+        return _compile_graph(graph, f"{label}_{kind.value}", kind, device, options, cache, capture_s)
 
     return capture(
         gm,
         example_inputs,
         compile_graph=compile_graph,
-        decompositions=_decompositions(registry, options.opset),
+        decompositions=_decompositions(options.opset, cache),
         partitioner=options.partitioner,
     )
 
@@ -102,36 +129,55 @@ def _compile_graph(
     kind: GraphKind,
     device: torch.device,
     options: Options,
-    registry: Registry,
+    cache: GraphCache | None,
     capture_s: float,
 ) -> OrtGraph | FallbackGraph:
+    start = time.perf_counter()
+    key = graph_key(graph, opset=options.opset, rules=list(user_rules())) if cache is not None else None
+    cached = cache.load(key) if cache is not None else None
+    if cached is not None:
+        # Only whole lowerings are stored, so a hit needs neither the registry nor the fallback check.
+        model = _reseeded(onnx.load_from_string(cached.model_bytes))
+        lowered = LoweredGraph(model, cached.signature, cached.fx_node_count, len(model.graph.node))
+        return _start_session(lowered, name, kind, device, options, capture_s, time.perf_counter() - start, "cache hit")
+    registry = default_registry()
     if options.fallback and unsupported_targets(graph, registry, options.opset):
         def compile_partition(partition: torch.fx.GraphModule, partition_name: str) -> OrtGraph:
-            return _compile_lowerable(partition, partition_name, kind, device, options, registry, capture_s)
+            return _compile_graph(partition, partition_name, kind, device, options, cache, capture_s)
 
         return split_unsupported(
             graph, name=name, registry=registry, opset=options.opset, compile_partition=compile_partition
         )
-    return _compile_lowerable(graph, name, kind, device, options, registry, capture_s)
-
-
-def _compile_lowerable(
-    graph: torch.fx.GraphModule,
-    name: str,
-    kind: GraphKind,
-    device: torch.device,
-    options: Options,
-    registry: Registry,
-    capture_s: float,
-) -> OrtGraph:
-    start = time.perf_counter()
     lowered = lower_graph(graph, name=name, opset=options.opset, registry=registry)
     if options.check_model:
         try:
             onnx.checker.check_model(lowered.model)
         except onnx.checker.ValidationError as e:
             raise LoweringError(f"the lowered model of graph {name!r} fails onnx.checker: {e}") from e
-    lower_s = time.perf_counter() - start
+    if cache is not None:
+        cache.store(key, lowered.model.SerializeToString(), lowered.signature, lowered.fx_node_count)
+    return _start_session(lowered, name, kind, device, options, capture_s, time.perf_counter() - start, "lowered")
+
+
+def _reseeded(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A cached model's random nodes get fresh seeds, as a new lowering would give them."""
+    if not any(node.op_type in RANDOM_OPS for node in model.graph.node):
+        return model
+    ir_model = ir.serde.deserialize_model(model)
+    seed_random_ops(ir_model)
+    return ir.serde.serialize_model(ir_model)
+
+
+def _start_session(
+    lowered: LoweredGraph,
+    name: str,
+    kind: GraphKind,
+    device: torch.device,
+    options: Options,
+    capture_s: float,
+    lower_s: float,
+    how: str,
+) -> OrtGraph:
     if options.dump_dir:
         os.makedirs(options.dump_dir, exist_ok=True)
         path = os.path.join(options.dump_dir, f"{name}.onnx")
@@ -144,7 +190,7 @@ def _compile_lowerable(
     )
     session_s = time.perf_counter() - start
     logger.info(
-        "aot2onnx: %s: %d FX nodes -> %d ONNX nodes; capture %.3fs, lowering %.3fs, session %.3fs",
-        name, lowered.fx_node_count, lowered.onnx_node_count, capture_s, lower_s, session_s,
+        "aot2onnx: %s: %d FX nodes -> %d ONNX nodes; capture %.3fs, lowering %.3fs (%s), session %.3fs",
+        name, lowered.fx_node_count, lowered.onnx_node_count, capture_s, lower_s, how, session_s,
     )
     return runner

@@ -38,6 +38,9 @@ class Options:
         fallback: What to do with FX nodes that have no lowering. ``True``: they run in PyTorch, the rest
             of their graph on ONNX Runtime, and a warning names them once per graph. ``False``:
             compilation fails with an ``UnsupportedOpError`` listing every such op.
+        cache: Keep lowered models in the persistent on-disk cache (see ``aot2onnx.cache``).
+        cache_dir: Where; ``None`` means ``$AOT2ONNX_CACHE_DIR`` or the user cache directory
+            (``~/.cache/aot2onnx``). ``AOT2ONNX_CACHE_DIR=off`` turns the cache off.
     """
 
     providers: tuple[str, ...] | None = None
@@ -50,6 +53,8 @@ class Options:
     dump_dir: str | None = None
     check_model: bool = True
     fallback: bool = True
+    cache: bool = True
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.providers is not None:

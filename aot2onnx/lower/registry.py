@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Rule", "Registry", "register_lowering", "default_registry", "Origin"]
+__all__ = ["Rule", "Registry", "register_lowering", "default_registry", "user_rules", "Origin"]
 
 logger = logging.getLogger("aot2onnx")
 
@@ -130,6 +130,11 @@ def register_lowering(target: Target, *, opset: int = 18) -> Callable[[Callable]
     User rules take precedence over aot2onnx's and torch_lib's.
     """
     return _decorator(target, opset, Origin.USER, _USER_RULES)
+
+
+def user_rules() -> tuple[Rule, ...]:
+    """Every rule registered with ``register_lowering`` so far, oldest first."""
+    return tuple(_USER_RULES)
 
 
 @functools.cache

@@ -27,7 +27,7 @@ from aot2onnx.errors import LoweringError, UnsupportedOpError
 from aot2onnx.lower.registry import Registry, default_registry
 from aot2onnx.signature import GraphSignature, InputKind, InputSpec, OutputKind, OutputSpec
 
-__all__ = ["LoweredGraph", "lower_graph", "unsupported_nodes", "user_source_line"]
+__all__ = ["LoweredGraph", "RANDOM_OPS", "lower_graph", "seed_random_ops", "unsupported_nodes", "user_source_line"]
 
 logger = logging.getLogger("aot2onnx")
 
@@ -267,7 +267,7 @@ def lower_graph(
             graph.inputs.remove(value)
 
     _ir_passes.add_opset_imports(model)
-    _seed_random_ops(model)
+    seed_random_ops(model)
     if optimize:
         onnxscript.optimizer.optimize_ir(model)
     if opset != 18:
@@ -276,12 +276,12 @@ def lower_graph(
     return LoweredGraph(proto, GraphSignature(tuple(input_specs), tuple(output_specs)), fx_nodes, len(proto.graph.node))
 
 
-_RANDOM_OPS = frozenset(
+RANDOM_OPS = frozenset(
     {"Dropout", "RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike", "Bernoulli", "Multinomial"}
 )
 
 
-def _seed_random_ops(model: ir.Model) -> None:
+def seed_random_ops(model: ir.Model) -> None:
     """Gives every random ONNX node a seed drawn from torch's default generator.
 
     The draw happens once, when the graph is lowered, so ``torch.manual_seed(s)`` before the first call
@@ -294,7 +294,7 @@ def _seed_random_ops(model: ir.Model) -> None:
         node
         for graph in graphs
         for node in ir.traversal.RecursiveGraphIterator(graph)
-        if node.domain in ("", "ai.onnx") and node.op_type in _RANDOM_OPS
+        if node.domain in ("", "ai.onnx") and node.op_type in RANDOM_OPS
     ]
     if not nodes:
         return
