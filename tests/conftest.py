@@ -5,7 +5,6 @@ import os
 import pytest
 import torch
 
-
 # Tests lower every graph afresh and leave the user's cache alone; tests of the cache set their own directory.
 os.environ["AOT2ONNX_CACHE_DIR"] = "off"
 
