@@ -40,9 +40,10 @@ def _grad_input(grad_output, input, weight, stride, padding, dilation, groups):
         grad_output, weight, strides=stride, pads=list(padding) * 2, dilations=dilation, group=groups
     )
     missing = op.Sub(op.Shape(input, start=2), op.Shape(grad, start=2))
+    # Pad's pads are all begins, then all ends: nothing at the beginning, the missing rows at the end.
     zeros = op.Constant(value_ints=[0] * (spatial + 2))
     pads = op.Concat(zeros, op.Constant(value_ints=[0, 0]), missing, axis=0)
-    return op.Pad(grad, op.Slice(pads, op.Constant(value_ints=[2]), op.Constant(value_ints=[2 * (spatial + 2) + 2])))
+    return op.Pad(grad, pads)
 
 
 def _grad_weight(grad_output, input, weight, stride, padding, dilation, groups):
