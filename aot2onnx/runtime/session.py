@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import re
 import threading
 import weakref
@@ -147,6 +148,7 @@ class OrtGraph:
         self.device = device
         self.fx_node_count = fx_node_count
         self.onnx_node_count = len(model.graph.node)
+        self.op_counts = collections.Counter(node.op_type for node in model.graph.node)  # before ORT's fusions
         self.runs = 0
         self._onnx_outputs = signature.onnx_outputs
         # ONNX Runtime hands bool tensors to DLPack as uint8; the output's declared type says which they are.

@@ -25,3 +25,62 @@ def aten_scalar_tensor(s, dtype: int = -1, layout: str = "", device: str = "", p
         return torchlib_core.aten_scalar_tensor(s, dtype, layout, device, pin_memory)
     data_type = ir.DataType.FLOAT if dtype == -1 else ir.DataType(dtype)
     return op.Constant(value=ir.tensor(np.array(s, dtype=data_type.numpy())))
+
+
+def _split(self, sizes, dim: int):
+    """The pieces as plain values, or ``None`` when the sizes are not all static.
+
+    Equal pieces are one Split node; other sizes are one Slice per piece (the recorder can only give a
+    Split its outputs through ``num_outputs``, which ONNX does not allow beside explicit sizes).
+    """
+    if not all(isinstance(s, int) for s in sizes):
+        return None
+    if len(set(sizes)) == 1 and len(sizes) > 1:
+        return list(op.Split(self, axis=dim, num_outputs=len(sizes)))
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(op.Slice(self, op.Constant(value_ints=[start]), op.Constant(value_ints=[start + size]),
+                               op.Constant(value_ints=[dim])))
+        start += size
+    return pieces
+
+
+def _static_dim(self, dim: int) -> int | None:
+    shape = self.shape
+    if shape is None:
+        return None
+    size = shape[dim]
+    return size if isinstance(size, int) else None
+
+
+# torch_lib splits into an ONNX sequence (SplitToSequence + SequenceAt), which ONNX Runtime runs by copying
+# every piece. With static sizes, one Split node gives the pieces as plain outputs.
+
+
+@project_rule(aten.split.Tensor)
+def aten_split(self, split_size, dim: int = 0):
+    """split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]"""
+    length = _static_dim(self, dim)
+    if length is not None and isinstance(split_size, int) and split_size > 0:
+        sizes = [split_size] * (length // split_size) + ([length % split_size] if length % split_size else [])
+        pieces = _split(self, sizes, dim)
+        if pieces is not None:
+            return pieces
+    return torchlib_core.aten_split(self, split_size, dim)
+
+
+@project_rule(aten.split_with_sizes.default)
+def aten_split_with_sizes(self, split_sizes, dim: int = 0):
+    """split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]"""
+    pieces = _split(self, split_sizes, dim)
+    return pieces if pieces is not None else torchlib_core.aten_split_with_sizes(self, split_sizes, dim)
+
+
+@project_rule(aten.unbind.int)
+def aten_unbind(self, dim: int = 0):
+    """unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]"""
+    length = _static_dim(self, dim)
+    if length is None:
+        return torchlib_core.aten_unbind(self, dim)
+    axes = op.Constant(value_ints=[dim])
+    return [op.Squeeze(piece, axes) for piece in _split(self, [1] * length, dim)]
