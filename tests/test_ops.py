@@ -222,3 +222,26 @@ def test_split(name, dynamic, request):
     graphs = _check_fn(SPLITS[name], torch.randn(6, 10, 4), dynamic=dynamic)
     if not dynamic:  # static sizes: plain outputs, no ONNX sequence
         assert not any(g.op_counts["SplitToSequence"] for g in graphs), [g.op_counts for g in graphs]
+
+
+SCATTERS = {
+    "select": lambda x: x[1] * 2,
+    "select-negative": lambda x: x[:, -1] * 2,
+    "select-after-unflatten": lambda x: x.unflatten(-1, (2, 2))[..., 1, :].sin(),
+    "slice": lambda x: x[:, 1:3] * 2,
+    "slice-open-end": lambda x: x[:, 2:] * 2,
+    "slice-negative": lambda x: x[:, :-1] * 2,
+    "slice-clamped": lambda x: x[:, -100:100] * 2,
+    "slice-step": lambda x: x[:, ::2] * 2,
+    "select_scatter": lambda x: torch.select_scatter(x, x[0] * 3, 0, 2),
+    "slice_scatter": lambda x: torch.slice_scatter(x, x[:, 1:4] * 3, 1, 0, 3),
+    "slice_scatter-empty": lambda x: torch.slice_scatter(x, x[:, 1:1], 1, 3, 2),
+}
+
+
+@pytest.mark.parametrize("name", SCATTERS)
+def test_select_and_slice_backward(name):
+    # The backward of indexing is select_scatter/slice_scatter into zeros: a Concat with static sizes.
+    graphs = _check_fn(SCATTERS[name], torch.randn(3, 5, 4))
+    if name != "slice-step":
+        assert not any(g.op_counts["ScatterElements"] or g.op_counts["ScatterND"] for g in graphs)

@@ -38,3 +38,51 @@ def aten_as_strided_scatter(self, src, size: Sequence, stride: Sequence, storage
 def prims_as_strided_scatter(self, src, size: Sequence, stride: Sequence, storage_offset):
     """as_strided_scatter(Tensor self, Tensor src, SymInt[] size, SymInt[] stride, SymInt storage_offset) -> Tensor"""
     return _as_strided_scatter(self, src, size, stride, storage_offset)
+
+
+# select_scatter and slice_scatter are what the backward of indexing and slicing becomes (a gradient placed
+# into zeros). torch_lib scatters with an index tensor as large as the update (ScatterElements/ScatterND),
+# which ONNX Runtime runs element by element: in a transformer layer's backward the three select_scatter of
+# the packed q/k/v projection took a quarter of the graph's kernel time. With static sizes along ``dim`` the
+# result is a Concat of the untouched slices of ``self`` around the update.
+
+
+def _static_dim(self, dim: int) -> int | None:
+    size = self.shape[dim] if self.shape is not None else None
+    return size if isinstance(size, int) else None
+
+
+def _around(self, update, dim: int, start: int, stop: int, length: int):
+    axes = op.Constant(value_ints=[dim])
+    pieces = []
+    if start > 0:
+        pieces.append(op.Slice(self, op.Constant(value_ints=[0]), op.Constant(value_ints=[start]), axes))
+    pieces.append(update)
+    if stop < length:
+        pieces.append(op.Slice(self, op.Constant(value_ints=[stop]), op.Constant(value_ints=[length]), axes))
+    return op.Concat(*pieces, axis=dim) if len(pieces) > 1 else op.Identity(update)
+
+
+@project_rule(aten.select_scatter.default)
+def aten_select_scatter(self, src, dim: int, index):
+    """select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor"""
+    length = _static_dim(self, dim)
+    if length is None or not isinstance(index, int):
+        return torchlib_core.aten_select_scatter(self, src, dim, index)
+    dim = dim % len(self.shape)
+    index = index % length
+    return _around(self, op.Unsqueeze(src, op.Constant(value_ints=[dim])), dim, index, index + 1, length)
+
+
+@project_rule(aten.slice_scatter.default)
+def aten_slice_scatter(self, src, dim: int = 0, start=None, end=None, step=1):
+    """slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor"""
+    length = _static_dim(self, dim)
+    static = all(v is None or isinstance(v, int) for v in (start, end)) and step == 1
+    if length is None or not static:
+        return torchlib_core.aten_slice_scatter(self, src, dim, start, end, step)
+    dim = dim % len(self.shape)
+    # Python slice semantics: negative bounds count from the end, out-of-range bounds clamp.
+    start, stop, _ = slice(start, end).indices(length)
+    stop = max(stop, start)
+    return _around(self, src, dim, start, stop, length)
