@@ -6,6 +6,7 @@ backward ATen graphs to ONNX and runs them on ONNX Runtime.
 
 from __future__ import annotations
 
+from aot2onnx import optim
 from aot2onnx.backend import aot2onnx_backend, backend
 from aot2onnx.errors import (
     Aot2OnnxError,
@@ -15,8 +16,10 @@ from aot2onnx.errors import (
     RuntimeSessionError,
     UnsupportedOpError,
 )
+from aot2onnx.export import export_training
 from aot2onnx.lower.registry import register_lowering
 from aot2onnx.options import Options
+from aot2onnx.runtime.loaded import load
 from aot2onnx.runtime.session import compiled_graphs, reset_compiled_graphs
 
 __version__ = "0.1.0"
@@ -32,6 +35,9 @@ __all__ = [
     "aot2onnx_backend",
     "backend",
     "compiled_graphs",
+    "export_training",
+    "load",
+    "optim",
     "register_lowering",
     "reset_compiled_graphs",
 ]

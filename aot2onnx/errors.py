@@ -32,5 +32,9 @@ class RuntimeSessionError(Aot2OnnxError):
     """ONNX Runtime could not create or run a session for a lowered graph."""
 
 
-class ArtifactError(Aot2OnnxError):
-    """An exported training artifact is missing, malformed or inconsistent."""
+class ArtifactError(Aot2OnnxError, ValueError):
+    """An exported training artifact is missing, malformed or inconsistent.
+
+    Also a ValueError, like ``aot2onnx.runtime.edge.ArtifactError``, which the torch-free trainer raises for the
+    same problems (it cannot import this module without importing torch).
+    """
