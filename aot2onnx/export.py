@@ -278,6 +278,7 @@ def _capture(
     with contextlib.ExitStack() as stack:
         # Attention is traced through its math formulation, as the backend does (see capture/aot.py).
         stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        stack.enter_context(torch.enable_grad())  # the joint graph needs autograd, even if the caller is in no_grad
         with progress.stage("tracing the joint forward-backward graph with AOTAutograd"):
             try:
                 joint = aot_export_joint_with_descriptors(
@@ -288,7 +289,15 @@ def _capture(
             except Exception as e:
                 raise CaptureError(f"AOTAutograd could not trace {type(module).__name__}'s joint graph: {e}") from e
         metadata = joint._aot_state.fw_metadata
+        _check_metadata(metadata, module)
         if symbol is not None:
+            specialised = shape_env.replacements.get(symbol)
+            if specialised is not None and specialised.is_number:
+                raise CaptureError(
+                    f"{type(module).__name__} fixes the batch size to {specialised} while tracing (a view, reshape or "
+                    "size check on the batch dimension). Make it use the input's size, or export with "
+                    "dynamic_batch=False"
+                )
             # Binds each input size symbol to a sym_size node after the placeholders, as Dynamo does for the
             # graphs it hands AOTAutograd; the partitioner's passes look symbols up in the graph.
             insert_deferred_runtime_asserts(joint.graph_module, shape_env, "aot2onnx export")
@@ -300,18 +309,10 @@ def _capture(
         )
     if set(graphs) != {"forward", "backward"}:
         raise CaptureError(f"AOTAutograd produced the graphs {sorted(graphs)}; a training export needs forward and backward")
-    _check_metadata(metadata, module)
 
     dims: dict = {}
     symbols: dict[str, str] = {}
     if symbol is not None:
-        specialised = shape_env.replacements.get(symbol)
-        if specialised is not None and specialised.is_number:
-            raise CaptureError(
-                f"{type(module).__name__} fixes the batch size to {specialised} while tracing (a view, reshape or "
-                "size check on the batch dimension). Make it use the input's size, or export with "
-                "dynamic_batch=False"
-            )
         bounds = shape_env.var_to_range.get(symbol)
         upper = None if bounds is None or bounds.upper == int_oo else int(bounds.upper)
         lower = 2 if bounds is None or bounds.lower == -int_oo else max(2, int(bounds.lower))
@@ -415,8 +416,27 @@ def _rename_dims(graph: ir.Graph, symbols: dict[str, str]) -> None:
 
 
 def _io_entry(value: ir.Value, **fields: Any) -> dict:
-    shape = [d if isinstance(d, int) else (d.value or "?") for d in value.shape.dims] if value.shape is not None else None
+    if value.shape is None or value.dtype is None:
+        raise CaptureError(f"the lowered model does not know the dtype and shape of {value.name!r}; it cannot be "
+                           "described in the signature")
+    shape = [d if isinstance(d, int) else (d.value or "?") for d in value.shape.dims]
     return {"name": value.name, **fields, "dtype": value.dtype.numpy().name, "shape": shape}
+
+
+def format_signature(signature: dict) -> str:
+    """The signature as JSON for reading: one line per input, output and state entry."""
+
+    def render(value: Any, indent: str) -> str:
+        if isinstance(value, dict) and value and any(isinstance(v, (dict, list)) and v for v in value.values()):
+            inner = indent + "  "
+            items = [f"{inner}{json.dumps(k)}: {render(v, inner)}" for k, v in value.items()]
+            return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            inner = indent + "  "
+            return "[\n" + ",\n".join(inner + json.dumps(v) for v in value) + "\n" + indent + "]"
+        return json.dumps(value)
+
+    return render(signature, "") + "\n"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -736,7 +756,7 @@ def export_training(
         if optimizer is None:
             (out_dir / "optimizer.onnx").unlink(missing_ok=True)  # a stale one from an earlier export
         safetensors.torch.save_file(tensors, str(out_dir / "state.safetensors"), metadata={"format": edge.FORMAT})
-        (out_dir / "signature.json").write_text(json.dumps(signature, indent=2) + "\n")
+        (out_dir / "signature.json").write_text(format_signature(signature))
         written += [out_dir / "state.safetensors", out_dir / "signature.json"]
     files = {p.name: p.stat().st_size for p in written}
     return TrainingArtifact(out_dir, signature, files, onnx_nodes)

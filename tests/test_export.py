@@ -595,3 +595,24 @@ def test_data_file_is_read_without_pickle(exported, no_torch_env, tmp_path):
     run = _run_edge([str(exported("mlp", "sgd").out_dir), "--data", str(tmp_path / "batches.npz"), "--steps", "1",
                      "--out", str(tmp_path / "s.safetensors")], device, no_torch_env)
     assert run.returncode == 1 and "allow_pickle=False" in run.stderr
+
+
+def test_the_documented_training_loop_trains(exported, no_torch_env, tmp_path):
+    """docs/artifact-format.md's code, run as written with numpy and onnxruntime only, matches eager."""
+    doc = (pathlib.Path(__file__).parents[1] / "docs" / "artifact-format.md").read_text()
+    code = doc.split("In code, with numpy and onnxruntime only:\n\n```python\n", 1)[1].split("```", 1)[0]
+    art = exported("cnn_batchnorm", "sgd")
+    _write_batches(tmp_path / "batches.npz", art.batches)
+    (tmp_path / "loop.py").write_text(
+        f"art = {str(art.out_dir)!r}\n" + code + textwrap.dedent(f"""
+            data = np.load({str(tmp_path / "batches.npz")!r})
+            for i in range({STEPS}):
+                print(repr(step(data["x"][i], data["y"][i])))
+            save_file(state, {str(tmp_path / "final.safetensors")!r})
+        """))
+    run = subprocess.run([sys.executable, "loop.py"], cwd=tmp_path, env=no_torch_env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    losses = [float(line) for line in run.stdout.split()]
+    state = safetensors.numpy.load_file(str(tmp_path / "final.safetensors"))
+    _assert_matches_eager(CASES["cnn_batchnorm"], "sgd", losses, state, _eager(art.module, art.batches, "sgd"))
