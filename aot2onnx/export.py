@@ -615,6 +615,8 @@ def _state(module: nn.Module) -> tuple[dict[str, torch.Tensor], list[dict]]:
     tensors: dict[str, torch.Tensor] = {}
     entries: list[dict] = []
     seen: dict[int, str] = {}
+    non_persistent = {f"{prefix}.{b}" if prefix else b for prefix, m in module.named_modules()
+                      for b in m._non_persistent_buffers_set}
     named = [("parameter", n, t) for n, t in module.named_parameters(remove_duplicate=False)]
     named += [("buffer", n, t) for n, t in module.named_buffers(remove_duplicate=False)]
     for kind, name, tensor in named:
@@ -629,6 +631,8 @@ def _state(module: nn.Module) -> tuple[dict[str, torch.Tensor], list[dict]]:
         entry = {"name": name, "kind": kind, "dtype": _dtype_name(tensor.dtype), "shape": list(tensor.shape)}
         if kind == "parameter":
             entry["requires_grad"] = tensor.requires_grad
+        elif name in non_persistent:
+            entry["persistent"] = False  # not in the module's state_dict, but the forward reads it
         entries.append(entry)
         tensors[name] = tensor.detach().to("cpu").contiguous()
     return tensors, entries

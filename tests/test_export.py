@@ -336,6 +336,55 @@ def test_load_returns_user_outputs_and_writes_buffers_back(tmp_path):
         torch.testing.assert_close(loaded.get_buffer(key), net.get_buffer(key), rtol=RTOL, atol=ATOL)
 
 
+def test_frozen_parameter_eval_batchnorm_and_non_persistent_buffer(tmp_path):
+    """The backward reads buffers (BatchNorm in eval mode); a frozen parameter gets no gradient and no update."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 5)
+            self.bn = nn.BatchNorm1d(5)
+            self.head = nn.Linear(5, 2)
+            self.register_buffer("scale", torch.tensor(2.0), persistent=False)
+
+        def forward(self, x, y):
+            return F.mse_loss(self.head(self.bn(self.fc(x))) * self.scale, y)
+
+    torch.manual_seed(0)
+    net = Net()
+    net.fc.weight.requires_grad_(False)
+    net.bn.eval()
+    with torch.no_grad():
+        net.bn.running_mean.uniform_()
+        net.bn.running_var.uniform_(0.5, 1.5)
+    aot2onnx.export_training(net, (torch.randn(4, 6), torch.randn(4, 2)), tmp_path,
+                             optimizer=aot2onnx.optim.SGD(**SGD_ARGS))
+    sig = json.loads((tmp_path / "signature.json").read_text())
+    assert {e["source"] for e in sig["backward"]["inputs"] if e["role"] == "buffer"} >= {"bn.running_var", "scale"}
+    assert "fc.weight" not in {e["target"] for e in sig["backward"]["outputs"]}
+    assert next(e for e in sig["state"] if e["name"] == "scale")["persistent"] is False
+
+    trainer, loaded = edge.Trainer(tmp_path), aot2onnx.load(tmp_path)
+    assert list(loaded.state_dict()) == list(net.state_dict())
+    loaded_opt = torch.optim.SGD([p for p in loaded.parameters() if p.requires_grad], **SGD_ARGS)
+    eager = copy.deepcopy(net)
+    eager_opt = torch.optim.SGD([p for p in eager.parameters() if p.requires_grad], **SGD_ARGS)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        x, y = torch.randn(7, 6, generator=g), torch.randn(7, 2, generator=g)
+        losses = [trainer.step(x.numpy(), y.numpy())]
+        for model, opt in ((loaded, loaded_opt), (eager, eager_opt)):
+            loss = model(x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        np.testing.assert_allclose(losses[:2], [losses[2]] * 2, rtol=RTOL, atol=ATOL)
+    for key, value in eager.state_dict().items():
+        np.testing.assert_allclose(trainer.state[key], value.numpy(), rtol=RTOL, atol=ATOL, err_msg=key)
+        np.testing.assert_allclose(loaded.state_dict()[key].numpy(), value.numpy(), rtol=RTOL, atol=ATOL, err_msg=key)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # What the artifact holds
 

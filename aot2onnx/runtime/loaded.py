@@ -98,7 +98,8 @@ class LoadedModule(nn.Module):
             _set(self, entry["name"], lambda m, leaf, p=parameter: m.register_parameter(leaf, p))
         for entry in artifact.state_entries("buffer"):
             tensor = torch.from_numpy(state[entry["name"]].copy())
-            _set(self, entry["name"], lambda m, leaf, t=tensor: m.register_buffer(leaf, t))
+            persistent = bool(entry.get("persistent", True))
+            _set(self, entry["name"], lambda m, leaf, t=tensor, p=persistent: m.register_buffer(leaf, t, persistent=p))
         # Plain attributes (not submodules): what the autograd.Function needs.
         self._aot2onnx = _Step(sig, forward, backward)
 
