@@ -149,6 +149,12 @@ def _check_signature(sig: Any, path: pathlib.Path) -> None:
             raise _fail(path, f"{key!r} must be a JSON {'array' if kind is list else 'object'}")
     if sig.get("optimizer") is not None and not isinstance(sig["optimizer"], dict):
         raise _fail(path, "'optimizer' must be a JSON object or null")
+    if not isinstance(sig.get("dims", {}), dict):
+        raise _fail(path, "'dims' must be a JSON object")
+    for dim, limits in sig.get("dims", {}).items():
+        bounds = (limits.get("min"), limits.get("max")) if isinstance(limits, dict) else (None, "x")
+        if not isinstance(bounds[0], int) or not (bounds[1] is None or isinstance(bounds[1], int)):
+            raise _fail(path, f"dim {dim!r} needs an integer 'min' and an integer or null 'max', got {limits!r}")
 
     state: dict[str, dict] = {}
     for entry in sig["state"]:
