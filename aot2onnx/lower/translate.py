@@ -170,9 +170,18 @@ def _lower_call(
                 function = ir.serde.deserialize_function(function.to_function_proto())
             model.functions[identifier] = function
 
+    def own(value: ir.Value) -> ir.Value:
+        # A rule may return one of its inputs unchanged (torch_lib's repeat with repeats of 1); naming that
+        # value after this node would rename a graph input or initializer, so it gets an Identity.
+        if value.producer() is not None:
+            return value
+        identity = ir.node("Identity", [value])
+        tracer.nodes.append(identity)
+        return identity.outputs[0]
+
     meta_val = node.meta.get("val")
     if isinstance(outputs, Sequence) and not isinstance(outputs, ir.Value):
-        outputs = list(outputs)
+        outputs = [None if output is None else own(output) for output in outputs]
         metas = meta_val if isinstance(meta_val, (list, tuple)) else [meta_val] * len(outputs)
         for i, (output, meta) in enumerate(zip(outputs, metas)):
             if output is None:
@@ -181,6 +190,7 @@ def _lower_call(
             output.name = f"{node.name}__{i}"
         values[node.name] = outputs
     else:
+        outputs = own(outputs)
         _core._set_shape_type(outputs, meta_val, complex_to_float=True)
         outputs.name = node.name
         values[node.name] = outputs
@@ -192,7 +202,6 @@ def _lower_call(
 def _prepare(gm: torch.fx.GraphModule) -> None:
     # aten ops promote mixed dtypes implicitly; ONNX ops do not. The exporter's pass makes it explicit.
     _fx_passes.insert_type_promotion_nodes(gm)
-    _fx_passes.remove_assertion_nodes(gm)
 
 
 def lower_graph(
@@ -210,6 +219,8 @@ def lower_graph(
         LoweringError: when a rule fails on a node, naming the node and its source line.
     """
     registry = registry or default_registry()
+    # Runtime asserts (on symbolic sizes) have nothing to lower: drop them before looking for unsupported ops.
+    _fx_passes.remove_assertion_nodes(gm)
     missing = unsupported_nodes(gm, registry, opset)
     if missing:
         raise UnsupportedOpError(_format_unsupported(missing, name))

@@ -1,0 +1,143 @@
+"""Indexing, selection and scatter ops torch_lib does not lower (or lowers wrongly for some shapes)."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+
+from aot2onnx.lower.registry import project_rule
+
+aten = torch.ops.aten
+
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _flat(x):
+    return op.Reshape(x, op.Constant(value_ints=[-1]))
+
+
+@project_rule(aten.nonzero.default)
+def aten_nonzero(self):
+    """nonzero(Tensor self) -> Tensor"""
+    if len(self.shape) == 0:
+        # One row per nonzero element (0 or 1 of them) and no columns, as ATen gives a 0-d input.
+        rows = op.Transpose(op.NonZero(op.Reshape(self, op.Constant(value_ints=[1]))), perm=[1, 0])
+        return op.Slice(rows, op.Constant(value_ints=[0]), op.Constant(value_ints=[0]), op.Constant(value_ints=[1]))
+    return op.Transpose(op.NonZero(self), perm=[1, 0])
+
+
+@project_rule(aten.masked_select.default)
+def aten_masked_select(self, mask):
+    """masked_select(Tensor self, Tensor mask) -> Tensor"""
+    # Expand broadcasts both ways, so self and mask take their common shape.
+    self = op.Expand(self, op.Shape(mask))
+    mask = op.Expand(mask, op.Shape(self))
+    return op.Compress(_flat(self), _flat(mask), axis=0)
+
+
+@project_rule(aten.masked_scatter_backward.default)
+def aten_masked_scatter_backward(grad_output, mask, sizes):
+    """masked_scatter_backward(Tensor grad_output, Tensor mask, SymInt[] sizes) -> Tensor"""
+    # The gradient of masked_scatter's source: the masked elements of grad_output, in order, padded with
+    # zeros to the source's size.
+    mask = op.Expand(mask, op.Shape(grad_output))
+    selected = op.Compress(_flat(grad_output), _flat(mask), axis=0)
+    total = 1
+    for size in sizes:
+        total *= size
+    missing = op.Sub(op.Constant(value_ints=[total]), op.Shape(selected))
+    padded = op.Pad(selected, op.Concat(op.Constant(value_ints=[0]), missing, axis=0))
+    return op.Reshape(padded, op.Constant(value_ints=list(sizes)))
+
+
+def _wrapped(index, numel):
+    """Negative flat indices counted from the end, as ATen allows."""
+    return op.Where(op.Less(index, op.Constant(value_int=0)), op.Add(index, numel), index)
+
+
+@project_rule(aten.put.default)
+def aten_put(self, index, source, accumulate: bool = False):
+    """put(Tensor self, Tensor index, Tensor source, bool accumulate=False) -> Tensor"""
+    index = _wrapped(_flat(op.Cast(index, to=ir.DataType.INT64)), op.Size(self))
+    updated = op.ScatterElements(
+        _flat(self), index, _flat(source), axis=0, reduction="add" if accumulate else "none"
+    )
+    return op.Reshape(updated, op.Shape(self))
+
+
+_IDENTITY = {"prod": 1.0, "amax": float("-inf"), "amin": float("inf"), "mean": 0.0}
+_REDUCTION = {"prod": "mul", "amax": "max", "amin": "min", "mean": "add"}
+
+
+@project_rule(aten.index_reduce.default)
+def aten_index_reduce(self, dim: int, index, source, reduce: str, include_self: bool = True):
+    """index_reduce(Tensor self, int dim, Tensor index, Tensor source, str reduce, *, bool include_self=True) -> Tensor"""
+    rank, floating = len(self.shape), self.dtype in _FLOATS
+    if rank == 0:
+        self, source = op.Reshape(self, op.Constant(value_ints=[1])), op.Reshape(source, op.Constant(value_ints=[1]))
+    dim = dim % max(rank, 1)
+    # index picks, for each slice of source along dim, the slice of self it reduces into.
+    index_shape = [1] * max(rank, 1)
+    index_shape[dim] = -1
+    index = op.Expand(op.Reshape(index, op.Constant(value_ints=index_shape)), op.Shape(source))
+    counts = op.ScatterElements(
+        op.CastLike(op.ConstantOfShape(op.Shape(self)), source), index, op.CastLike(op.Expand(
+            op.Constant(value_float=1.0), op.Shape(source)), source), axis=dim, reduction="add"
+    )
+    touched = op.Greater(counts, op.CastLike(0, counts))
+    if include_self:
+        base = self
+    else:
+        base = op.Where(touched, op.CastLike(_IDENTITY[reduce], self), self)
+    result = op.ScatterElements(base, index, source, axis=dim, reduction=_REDUCTION[reduce])
+    if reduce == "mean":
+        divisor = op.Add(counts, op.CastLike(1.0 if include_self else 0.0, counts))
+        mean = op.Div(result, op.Max(divisor, op.CastLike(1.0, divisor)))
+        if not floating:
+            mean = op.Floor(mean)
+        result = op.Where(touched, op.CastLike(mean, self), self)
+    if rank == 0:
+        result = op.Reshape(result, op.Constant(value_ints=[]))
+    return result
+
+
+def _searchsorted(sorted_sequence, values, out_int32: bool, right: bool, side: str | None, sorter, scalar: bool):
+    right = right or side == "right"
+    if sorter is not None:
+        sorted_sequence = op.GatherElements(sorted_sequence, sorter, axis=-1)
+    if len(sorted_sequence.shape) == 1 or scalar:
+        boundaries = sorted_sequence  # [n] broadcasts against values[..., None]
+    else:
+        boundaries = op.Unsqueeze(sorted_sequence, op.Constant(value_ints=[-2]))  # [..., 1, n]
+    probes = op.Unsqueeze(values, op.Constant(value_ints=[-1]))  # [..., m, 1]
+    # The insertion point is how many boundaries sort before the value (left) or not after it (right).
+    before = op.LessOrEqual(boundaries, probes) if right else op.Less(boundaries, probes)
+    if values.dtype in _FLOATS:
+        # ATen sorts NaN after every number: a NaN value goes after every non-NaN boundary (and, for right,
+        # after NaN boundaries too).
+        nan_probe = op.IsNaN(probes)
+        before = op.Or(before, op.And(nan_probe, op.Not(op.IsNaN(boundaries))) if not right else nan_probe)
+    before = op.Cast(before, to=ir.DataType.INT64)
+    # One more column of zeros: ONNX Runtime's ReduceSum mis-shapes a reduction over an empty axis.
+    before = op.Concat(before, op.Expand(op.Constant(value_ints=[0]), op.Concat(op.Shape(before, end=-1), op.Constant(value_ints=[1]), axis=0)), axis=-1)
+    positions = op.ReduceSum(before, op.Constant(value_ints=[-1]), keepdims=0)
+    return op.Cast(positions, to=ir.DataType.INT32) if out_int32 else positions
+
+
+@project_rule(aten.searchsorted.Tensor)
+def aten_searchsorted_tensor(sorted_sequence, self, out_int32: bool = False, right: bool = False,
+                             side: str | None = None, sorter=None):
+    """searchsorted.Tensor(Tensor sorted_sequence, Tensor self, *, bool out_int32=False, bool right=False, str? side=None, Tensor? sorter=None) -> Tensor"""
+    return _searchsorted(sorted_sequence, self, out_int32, right, side, sorter, scalar=False)
+
+
+@project_rule(aten.searchsorted.Scalar)
+def aten_searchsorted_scalar(sorted_sequence, self, out_int32: bool = False, right: bool = False,
+                             side: str | None = None, sorter=None):
+    """searchsorted.Scalar(Tensor sorted_sequence, Scalar self, *, bool out_int32=False, bool right=False, str? side=None, Tensor? sorter=None) -> Tensor"""
+    value = op.CastLike(self, sorted_sequence)
+    value.dtype = sorted_sequence.dtype
+    positions = _searchsorted(sorted_sequence, value, out_int32, right, side, sorter, scalar=True)
+    # One position per row of a batched sequence, none for a 1-D one.
+    return positions

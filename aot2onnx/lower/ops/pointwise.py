@@ -1,0 +1,108 @@
+"""Elementwise prims that PyTorch's decompositions produce and torch_lib does not lower."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+
+from aot2onnx.lower.registry import project_rule
+
+aten, prims = torch.ops.aten, torch.ops.prims
+
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _nan_ignoring(extremum, self, other):
+    # fmax/fmin: a NaN loses to a number; NaN only when both are NaN.
+    result = extremum(self, other)
+    if self.dtype not in _FLOATS:
+        return result
+    return op.Where(op.IsNaN(self), other, op.Where(op.IsNaN(other), self, result))
+
+
+@project_rule(prims.fmax.default)
+def prims_fmax(self, other):
+    """fmax(Tensor self, Tensor other) -> Tensor"""
+    return _nan_ignoring(op.Max, self, other)
+
+
+@project_rule(prims.fmin.default)
+def prims_fmin(self, other):
+    """fmin(Tensor self, Tensor other) -> Tensor"""
+    return _nan_ignoring(op.Min, self, other)
+
+
+@project_rule(prims.hypot.default)
+def prims_hypot(self, other):
+    """hypot(Tensor self, Tensor other) -> Tensor"""
+    # Scaled as std::hypot is, so that squares of large values do not overflow.
+    a, b = op.Abs(self), op.Abs(other)
+    big, small = op.Max(a, b), op.Min(a, b)
+    zero = op.CastLike(0.0, big)
+    ratio = op.Div(small, op.Where(op.Equal(big, zero), op.CastLike(1.0, big), big))
+    result = op.Mul(big, op.Sqrt(op.Add(op.CastLike(1.0, big), op.Mul(ratio, ratio))))
+    inf = op.CastLike(float("inf"), big)
+    # hypot(inf, nan) is inf.
+    return op.Where(op.Or(op.IsInf(a), op.IsInf(b)), inf, result)
+
+
+@project_rule(prims.signbit.default)
+def prims_signbit(self):
+    """signbit(Tensor self) -> Tensor"""
+    if self.dtype not in _FLOATS:
+        return op.Less(self, op.CastLike(0, self))
+    # -0.0 has its sign bit set: 1 / -0.0 is -inf. (A NaN's sign bit is not visible without a bit cast.)
+    zero = op.CastLike(0.0, self)
+    negative_zero = op.And(op.Equal(self, zero), op.Less(op.Div(op.CastLike(1.0, self), self), zero))
+    return op.Or(op.Less(self, zero), negative_zero)
+
+
+def _double(value: float):
+    return op.Constant(value=ir.tensor(np.array(value, dtype=np.float64)))
+
+
+@project_rule(prims.frexp.default)
+def prims_frexp(self):
+    """frexp(Tensor self) -> (Tensor mantissa, Tensor exponent)"""
+    # x = m * 2**e with 0.5 <= |m| < 1. log2 of a float is exact enough to start from; the exponent is then
+    # corrected by one where rounding put |m| just outside [0.5, 1). Zero, inf and NaN give (x, 0).
+    x = op.Cast(self, to=ir.DataType.DOUBLE)
+    a = op.Abs(x)
+    finite = op.And(op.Not(op.IsInf(x)), op.Not(op.IsNaN(x)))
+    usable = op.And(finite, op.Greater(a, _double(0.0)))
+    safe = op.Where(usable, a, _double(1.0))
+    two = _double(2.0)
+    e = op.Add(op.Floor(op.Div(op.Log(safe), _double(0.6931471805599453))), _double(1.0))
+    m = op.Div(safe, op.Pow(two, e))
+    too_big = op.GreaterOrEqual(m, _double(1.0))
+    e = op.Where(too_big, op.Add(e, _double(1.0)), e)
+    too_small = op.Less(op.Div(safe, op.Pow(two, e)), _double(0.5))
+    e = op.Where(too_small, op.Sub(e, _double(1.0)), e)
+    e = op.Where(usable, e, _double(0.0))
+    mantissa = op.Where(usable, op.Div(x, op.Pow(two, e)), x)
+    return op.CastLike(mantissa, self), op.Cast(e, to=ir.DataType.INT32)
+
+
+@project_rule(prims.view_of.default)
+def prims_view_of(a):
+    """view_of(Tensor(a) a) -> Tensor(a)"""
+    return op.Identity(a)
+
+
+@project_rule(aten._efficientzerotensor.default)
+def aten__efficientzerotensor(
+    size: Sequence[int], dtype: int = -1, layout: str = "", device: str = "", pin_memory: bool = False
+):
+    """_efficientzerotensor(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
+    # A zero tensor that ATen never materialises; in ONNX it is just zeros.
+    data_type = ir.DataType.FLOAT if dtype in (-1, None) else ir.DataType(dtype)
+    if all(isinstance(d, int) for d in size):
+        shape = op.Constant(value_ints=list(size))
+    else:
+        one = op.Constant(value_ints=[1])
+        shape = op.Concat(*[op.Reshape(op.Cast(d, to=ir.DataType.INT64), one) for d in size], axis=0)
+    return op.ConstantOfShape(shape, value=ir.tensor([0], dtype=data_type))

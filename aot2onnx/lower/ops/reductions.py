@@ -1,0 +1,320 @@
+"""Reductions and scans torch_lib does not lower (or lowers only in part): amax/amin over all dims,
+median, nanmedian, mode, kthvalue, cummax/cummin, cumprod, prod as a prim.
+
+Scans along a dim of size n are computed from an (n, n) mask of "j <= i": memory grows as n**2 per row,
+which is fine for the sizes these ops see, and every element is computed the way ATen defines it
+(including NaN propagation and which index wins a tie).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
+
+from aot2onnx.lower.registry import project_rule
+
+aten, prims = torch.ops.aten, torch.ops.prims
+
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _axes(dims: Sequence[int] | None, rank: int) -> list[int]:
+    return list(range(rank)) if not dims else [d % rank for d in dims]
+
+
+def _nan(like):
+    return op.CastLike(op.Constant(value_float=float("nan")), like)
+
+
+def _any_nan(x, axes: list[int], keepdims: int):
+    return op.Cast(op.ReduceMax(op.Cast(op.IsNaN(x), to=ir.DataType.INT32), op.Constant(value_ints=axes), keepdims=keepdims),
+                   to=ir.DataType.BOOL)
+
+
+def _extremum(reduce, self, dim: Sequence[int], keepdim: bool):
+    rank = len(self.shape)
+    if rank == 0:
+        return op.Identity(self)
+    axes = _axes(dim, rank)
+    keep = 1 if keepdim else 0
+    if self.dtype == ir.DataType.BOOL:
+        return op.Cast(reduce(op.Cast(self, to=ir.DataType.UINT8), op.Constant(value_ints=axes), keepdims=keep),
+                       to=ir.DataType.BOOL)
+    result = reduce(self, op.Constant(value_ints=axes), keepdims=keep)
+    if self.dtype in _FLOATS:
+        # ATen propagates NaN; ONNX Runtime's ReduceMax/ReduceMin do not say what they do with it.
+        result = op.Where(_any_nan(self, axes, keep), _nan(self), result)
+    return result
+
+
+@project_rule(aten.amax.default)
+def aten_amax(self, dim: Sequence[int] = (), keepdim: bool = False):
+    """amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"""
+    return _extremum(op.ReduceMax, self, dim, keepdim)
+
+
+@project_rule(aten.amin.default)
+def aten_amin(self, dim: Sequence[int] = (), keepdim: bool = False):
+    """amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"""
+    return _extremum(op.ReduceMin, self, dim, keepdim)
+
+
+@project_rule(prims.prod.default)
+def prims_prod(inp, dims: Sequence[int] | None, output_dtype: int = -1):
+    """prod(Tensor inp, int[]? dims, *, ScalarType? output_dtype=None) -> Tensor"""
+    if output_dtype not in (-1, None):
+        inp = op.Cast(inp, to=output_dtype)
+    if len(inp.shape) == 0:
+        return op.Identity(inp)
+    return op.ReduceProd(inp, op.Constant(value_ints=_axes(dims, len(inp.shape))), keepdims=0)
+
+
+def _to_last(x, dim: int):
+    """x with ``dim`` moved last, and the permutation that undoes it (or None)."""
+    rank = len(x.shape)
+    dim %= rank
+    if dim == rank - 1:
+        return x, None
+    perm = [d for d in range(rank) if d != dim] + [dim]
+    inverse = [perm.index(d) for d in range(rank)]
+    return op.Transpose(x, perm=perm), inverse
+
+
+def _from_last(x, inverse):
+    return x if inverse is None else op.Transpose(x, perm=inverse)
+
+
+def _positions(x):
+    """0..n-1 for the last axis of x, as int64."""
+    n = op.Shape(x, start=-1)
+    return op.Range(op.Constant(value_int=0), op.Squeeze(n, op.Constant(value_ints=[0])), op.Constant(value_int=1))
+
+
+def _prefix_mask(x):
+    """(n, n) bool, True where j <= i (row i, column j), for the last axis of x."""
+    positions = _positions(x)
+    return op.LessOrEqual(op.Unsqueeze(positions, op.Constant(value_ints=[0])),
+                          op.Unsqueeze(positions, op.Constant(value_ints=[1])))
+
+
+def _cumulative_extremum(self, dim: int, largest: bool):
+    if len(self.shape) == 0:
+        return op.Identity(self), op.Constant(value_int=0)
+    x, inverse = _to_last(self, dim)
+    mask = _prefix_mask(x)
+    rows = op.Unsqueeze(x, op.Constant(value_ints=[-2]))  # [..., 1, n]: element j of row i
+    last = op.Constant(value_ints=[-1])
+    floating = self.dtype in _FLOATS
+    if floating:
+        fill = op.CastLike(op.Constant(value_float=float("-inf") if largest else float("inf")), x)
+    else:
+        # For integers, fill with the row's first element: it is in every prefix, so it changes nothing.
+        fill = op.Unsqueeze(op.Gather(x, op.Constant(value_int=0), axis=-1), op.Constant(value_ints=[-1, -2]))
+    masked = op.Where(mask, rows, fill)
+    reduce = op.ReduceMax if largest else op.ReduceMin
+    values = reduce(masked, last, keepdims=0)
+    positions = _positions(x)
+    # ATen keeps the latest index among equal extrema (it compares with >= / <=).
+    hits = op.And(mask, op.Equal(rows, op.Unsqueeze(values, last)))
+    minus_one = op.Constant(value_int=-1)
+    indices = op.ReduceMax(op.Where(hits, positions, minus_one), last, keepdims=0)
+    if floating:
+        # Once a NaN is seen, the value is NaN and the index is the latest NaN's.
+        nans = op.And(mask, op.IsNaN(rows))
+        any_nan = op.Cast(op.ReduceMax(op.Cast(nans, to=ir.DataType.INT32), last, keepdims=0), to=ir.DataType.BOOL)
+        values = op.Where(any_nan, _nan(x), values)
+        indices = op.Where(any_nan, op.ReduceMax(op.Where(nans, positions, minus_one), last, keepdims=0), indices)
+    return _from_last(values, inverse), _from_last(indices, inverse)
+
+
+@project_rule(aten.cummax.default)
+def aten_cummax(self, dim: int):
+    """cummax(Tensor self, int dim) -> (Tensor values, Tensor indices)"""
+    return _cumulative_extremum(self, dim, largest=True)
+
+
+@project_rule(aten.cummin.default)
+def aten_cummin(self, dim: int):
+    """cummin(Tensor self, int dim) -> (Tensor values, Tensor indices)"""
+    return _cumulative_extremum(self, dim, largest=False)
+
+
+@project_rule(aten.cumprod.default)
+def aten_cumprod(self, dim: int, dtype: int = -1):
+    """cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor"""
+    if dtype not in (-1, None):
+        self = op.Cast(self, to=dtype)
+    if len(self.shape) == 0:
+        return op.Identity(self)
+    x, inverse = _to_last(self, dim)
+    rows = op.Unsqueeze(x, op.Constant(value_ints=[-2]))
+    masked = op.Where(_prefix_mask(x), rows, op.CastLike(1, x))
+    return _from_last(op.ReduceProd(masked, op.Constant(value_ints=[-1]), keepdims=0), inverse)
+
+
+def _sorted_indices(x):
+    """The positions that sort x's last axis ascending, NaN after every number as in ATen."""
+    if x.dtype in _FLOATS:
+        x = op.Where(op.IsNaN(x), op.CastLike(op.Constant(value_float=float("inf")), x), x)
+    _, indices = op.TopK(x, op.Shape(x, start=-1), axis=-1, largest=0, sorted=1)
+    return indices
+
+
+def _take(x, sorted_indices, position):
+    """(x[..., i], i) where i = sorted_indices[..., position], for a per-row or scalar int64 position."""
+    last = op.Constant(value_ints=[-1])
+    position = op.Unsqueeze(op.Expand(position, op.Shape(x, end=-1)), last)
+    index = op.GatherElements(sorted_indices, position, axis=-1)
+    return op.Squeeze(op.GatherElements(x, index, axis=-1), last), op.Squeeze(index, last)
+
+
+def _keep(value, keepdim: bool, dim: int, rank: int):
+    return op.Unsqueeze(value, op.Constant(value_ints=[dim % rank])) if keepdim else value
+
+
+def _flat(x):
+    flat = op.Reshape(x, op.Constant(value_ints=[-1]))
+    flat.dtype, flat.shape = x.dtype, ir.Shape([None])
+    return flat
+
+
+def _median(self, dim: int, keepdim: bool, ignore_nan: bool):
+    rank = len(self.shape)
+    if rank == 0:
+        return op.Identity(self), op.Constant(value_int=0)
+    x, _ = _to_last(self, dim)
+    last = op.Constant(value_ints=[-1])
+    one, two = op.Constant(value_int=1), op.Constant(value_int=2)
+    floating = x.dtype in _FLOATS
+    if ignore_nan and floating:
+        count = op.ReduceSum(op.Cast(op.Not(op.IsNaN(x)), to=ir.DataType.INT64), last, keepdims=0)
+    else:
+        count = op.Squeeze(op.Shape(x, start=-1), op.Constant(value_ints=[0]))
+    # The lower median: position (count - 1) // 2 of the sorted row (NaNs sort last).
+    position = op.Max(op.Div(op.Sub(count, one), two), op.Constant(value_int=0))
+    value, index = _take(x, _sorted_indices(x), position)
+    if floating and not ignore_nan:
+        # A row holding NaN has median NaN, found at its first NaN.
+        nans = op.IsNaN(x)
+        any_nan = op.Cast(op.ReduceMax(op.Cast(nans, to=ir.DataType.INT32), last, keepdims=0), to=ir.DataType.BOOL)
+        first_nan = op.ReduceMin(op.Where(nans, _positions(x), op.Constant(value_int=2**62)), last, keepdims=0)
+        value = op.Where(any_nan, _nan(x), value)
+        index = op.Where(any_nan, first_nan, index)
+    return _keep(value, keepdim, dim, rank), _keep(index, keepdim, dim, rank)
+
+
+@project_rule(aten.median.default)
+def aten_median(self):
+    """median(Tensor self) -> Tensor"""
+    return _median(_flat(self), 0, False, ignore_nan=False)[0]
+
+
+@project_rule(aten.median.dim)
+def aten_median_dim(self, dim: int, keepdim: bool = False):
+    """median.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)"""
+    return _median(self, dim, keepdim, ignore_nan=False)
+
+
+@project_rule(aten.nanmedian.default)
+def aten_nanmedian(self):
+    """nanmedian(Tensor self) -> Tensor"""
+    return _median(_flat(self), 0, False, ignore_nan=True)[0]
+
+
+@project_rule(aten.nanmedian.dim)
+def aten_nanmedian_dim(self, dim: int, keepdim: bool = False):
+    """nanmedian.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)"""
+    return _median(self, dim, keepdim, ignore_nan=True)
+
+
+@project_rule(aten.kthvalue.default)
+def aten_kthvalue(self, k: int, dim: int = -1, keepdim: bool = False):
+    """kthvalue(Tensor self, SymInt k, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)"""
+    rank = len(self.shape)
+    if rank == 0:
+        return op.Identity(self), op.Constant(value_int=0)
+    x, _ = _to_last(self, dim)
+    position = op.Sub(op.Cast(k, to=ir.DataType.INT64), op.Constant(value_int=1))
+    value, index = _take(x, _sorted_indices(x), position)
+    return _keep(value, keepdim, dim, rank), _keep(index, keepdim, dim, rank)
+
+
+@project_rule(aten.mode.default)
+def aten_mode(self, dim: int = -1, keepdim: bool = False):
+    """mode(Tensor self, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)"""
+    rank = len(self.shape)
+    if rank == 0:
+        return op.Identity(self), op.Constant(value_int=0)
+    x, _ = _to_last(self, dim)
+    last = op.Constant(value_ints=[-1])
+    # counts[i] = how many elements of the row equal element i.
+    same = op.Equal(op.Unsqueeze(x, op.Constant(value_ints=[-1])), op.Unsqueeze(x, op.Constant(value_ints=[-2])))
+    counts = op.ReduceSum(op.Cast(same, to=ir.DataType.INT64), last, keepdims=0)
+    most = op.ReduceMax(counts, last, keepdims=1)
+    # Among the most frequent values the smallest wins; its index is its last occurrence.
+    candidates = op.Equal(counts, most)
+    if x.dtype == ir.DataType.BOOL:
+        x = op.Cast(x, to=ir.DataType.UINT8)
+    high = op.ReduceMax(x, last, keepdims=1)
+    value = op.ReduceMin(op.Where(candidates, x, high), last, keepdims=1)
+    hits = op.And(candidates, op.Equal(x, value))
+    index = op.ReduceMax(op.Where(hits, _positions(x), op.Constant(value_int=-1)), last, keepdims=0)
+    value = op.Squeeze(value, last)
+    if self.dtype == ir.DataType.BOOL:
+        value = op.Cast(value, to=ir.DataType.BOOL)
+    return _keep(value, keepdim, dim, rank), _keep(index, keepdim, dim, rank)
+
+
+def _with_shape(value, like):
+    """``value`` with the static shape of ``like`` recorded (rules read ranks from ``.shape``)."""
+    value.shape = like.shape
+    return value
+
+
+def _arg_extremum(torchlib_rule, self, dim: int | None, keepdim: bool):
+    if self.dtype == ir.DataType.BOOL:
+        self = _with_shape(op.Cast(self, to=ir.DataType.UINT8), self)  # ONNX Runtime's ArgMax takes no bool
+    result = torchlib_rule(self, dim, keepdim)
+    if self.dtype not in _FLOATS:
+        return result
+    # ATen counts NaN as the extremum (the first NaN wins); ONNX Runtime does not say what NaN does.
+    nans = _with_shape(op.Cast(op.IsNaN(self), to=ir.DataType.UINT8), self)
+    first_nan = torchlib_core.aten_argmax(nans, dim, keepdim)
+    rank = len(self.shape)
+    axes = list(range(rank)) if dim is None else [dim % max(rank, 1)]
+    keep = 1 if keepdim and dim is not None else 0
+    any_nan = op.Cast(op.ReduceMax(nans, op.Constant(value_ints=axes), keepdims=keep), to=ir.DataType.BOOL) if rank else (
+        op.Cast(nans, to=ir.DataType.BOOL))
+    return op.Where(any_nan, first_nan, result)
+
+
+@project_rule(aten.argmax.default)
+def aten_argmax(self, dim: int | None = None, keepdim: bool = False):
+    """argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor"""
+    return _arg_extremum(torchlib_core.aten_argmax, self, dim, keepdim)
+
+
+@project_rule(aten.argmin.default)
+def aten_argmin(self, dim: int | None = None, keepdim: bool = False):
+    """argmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor"""
+    return _arg_extremum(torchlib_core.aten_argmin, self, dim, keepdim)
+
+
+@project_rule(aten.max.dim)
+def aten_max_dim(self, dim: int, keepdim: bool = False):
+    """max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)"""
+    if len(self.shape) == 0:
+        return op.Identity(self), op.Constant(value_int=0)
+    return _extremum(op.ReduceMax, self, [dim], keepdim), _arg_extremum(torchlib_core.aten_argmax, self, dim, keepdim)
+
+
+@project_rule(aten.min.dim)
+def aten_min_dim(self, dim: int, keepdim: bool = False):
+    """min.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)"""
+    if len(self.shape) == 0:
+        return op.Identity(self), op.Constant(value_int=0)
+    return _extremum(op.ReduceMin, self, [dim], keepdim), _arg_extremum(torchlib_core.aten_argmin, self, dim, keepdim)

@@ -1,0 +1,609 @@
+"""Special functions, computed the way ATen computes them (ATen/native/Math.h), in double precision.
+
+ATen evaluates these with Cephes' rational and Chebyshev approximations (and erfcx with S. G. Johnson's
+table of Chebyshev polynomials). The rules here evaluate the same approximations with the same
+coefficients (``_cephes.py``), elementwise and branch-free: every branch is computed and ``Where`` picks
+one, so a branch's NaN or inf for inputs it does not serve never reaches the result. Loops of ATen's
+code with a fixed trip count are unrolled; loops that run "until x >= 10" are unrolled to their bound.
+
+Everything runs in float64 (inputs are cast up and the result cast back), which keeps the error well
+below float32's and matches ATen's double path. ONNX Runtime has no float64 kernel for Erf, Tan, Acos,
+Cosh or Sinh, so those are written here from Exp, Log, Sin, Cos and erfcx.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+
+from aot2onnx.lower.ops import _cephes as C
+from aot2onnx.lower.registry import project_rule
+
+aten, prims = torch.ops.aten, torch.ops.prims
+
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _const(value: float):
+    return op.Constant(value=ir.tensor(np.array(value, dtype=np.float64)))
+
+
+class D:
+    """A float64 ONNX value with Python arithmetic, so that ATen's scalar C++ reads almost unchanged."""
+
+    __slots__ = ("v",)
+
+    def __init__(self, value) -> None:
+        self.v = value
+
+    @staticmethod
+    def of(x):
+        if isinstance(x, D):
+            return x.v
+        if isinstance(x, (int, float)):
+            return _const(float(x))
+        return x
+
+    def __add__(self, o):
+        return D(op.Add(self.v, D.of(o)))
+
+    def __radd__(self, o):
+        return D(op.Add(D.of(o), self.v))
+
+    def __sub__(self, o):
+        return D(op.Sub(self.v, D.of(o)))
+
+    def __rsub__(self, o):
+        return D(op.Sub(D.of(o), self.v))
+
+    def __mul__(self, o):
+        return D(op.Mul(self.v, D.of(o)))
+
+    def __rmul__(self, o):
+        return D(op.Mul(D.of(o), self.v))
+
+    def __truediv__(self, o):
+        return D(op.Div(self.v, D.of(o)))
+
+    def __rtruediv__(self, o):
+        return D(op.Div(D.of(o), self.v))
+
+    def __neg__(self):
+        return D(op.Neg(self.v))
+
+    # Comparisons give ONNX bool values, for where().
+    def __lt__(self, o):
+        return op.Less(self.v, D.of(o))
+
+    def __le__(self, o):
+        return op.LessOrEqual(self.v, D.of(o))
+
+    def __gt__(self, o):
+        return op.Greater(self.v, D.of(o))
+
+    def __ge__(self, o):
+        return op.GreaterOrEqual(self.v, D.of(o))
+
+    def eq(self, o):
+        return op.Equal(self.v, D.of(o))
+
+
+def where(condition, a, b) -> D:
+    return D(op.Where(condition, D.of(a), D.of(b)))
+
+
+def _unary(f):
+    def apply(x: D) -> D:
+        return D(f(x.v))
+
+    return apply
+
+
+exp, log, sqrt, sin, cos, fabs, floor = (_unary(f) for f in (op.Exp, op.Log, op.Sqrt, op.Sin, op.Cos, op.Abs, op.Floor))
+
+
+def isnan(x: D):
+    return op.IsNaN(x.v)
+
+
+def isinf(x: D):
+    return op.IsInf(x.v)
+
+
+def both(a, b):
+    return op.And(a, b)
+
+
+def either(a, b):
+    return op.Or(a, b)
+
+
+def trunc(x: D) -> D:
+    return where(x < 0.0, D(op.Ceil(x.v)), floor(x))
+
+
+def tan(x: D) -> D:
+    return sin(x) / cos(x)
+
+
+def log1p(x: D) -> D:
+    # log(u) - ((u - 1) - x) / u with u = 1 + x recovers the bits of x that 1 + x rounded away.
+    u = x + 1.0
+    corrected = log(u) - ((u - 1.0) - x) / u
+    return where(u.eq(1.0), x, corrected)
+
+
+def polevl(x: D, coefficients) -> D:
+    """coefficients[0] * x**n + ... + coefficients[n] (Cephes' polevl)."""
+    result = D(_const(coefficients[0]))
+    for c in coefficients[1:]:
+        result = result * x + c
+    return result
+
+
+def chbevl(x: D, coefficients) -> D:
+    """Cephes' chbevl: the Chebyshev series with these coefficients at x (Clenshaw's recurrence)."""
+    b0, b1, b2 = D(_const(coefficients[0])), D(_const(0.0)), D(_const(0.0))
+    for c in coefficients[1:]:
+        b2, b1 = b1, b0
+        b0 = x * b1 - b2 + c
+    return 0.5 * (b0 - b2)
+
+
+def _lowered(function, *args):
+    """Runs ``function`` on the arguments in float64 and casts the result to the op's float dtype."""
+    like = next((a for a in args if hasattr(a, "dtype") and a.dtype in _FLOATS), None)
+    result = function(*(D(op.Cast(a, to=ir.DataType.DOUBLE)) for a in args)).v
+    if like is not None:
+        return op.CastLike(result, like)
+    return op.Cast(result, to=ir.DataType.FLOAT)  # integer inputs give the default float dtype
+
+
+# --- error functions ---------------------------------------------------------------------------------
+
+_ERFCX_TABLE = np.array(C.ERFCX_Y100, dtype=np.float64)  # (100, 7)
+_ISPI = 0.56418958354775628694807945156  # 1 / sqrt(pi)
+
+
+def _erfcx_y100(y100: D) -> D:
+    """S. G. Johnson's erfcx on y = 4 / (4 + |x|), by table lookup of 100 polynomials in t."""
+    # Every branch is evaluated for every element, so y100 may be out of [0, 100] (or NaN) where this
+    # branch is not taken: keep the index in the table.
+    clamped = op.Max(op.Min(op.Floor(y100.v), _const(99.0)), _const(0.0))
+    index = op.Cast(op.Where(op.IsNaN(clamped), _const(0.0), clamped), to=ir.DataType.INT64)
+    rows = op.Gather(op.Constant(value=ir.tensor(_ERFCX_TABLE)), index, axis=0)  # [..., 7]
+    t = y100 * 2.0 - (D(op.Cast(index, to=ir.DataType.DOUBLE)) * 2.0 + 1.0)
+    result = D(op.Gather(rows, op.Constant(value_int=6), axis=-1))
+    for k in range(5, -1, -1):
+        result = result * t + D(op.Gather(rows, op.Constant(value_int=k), axis=-1))
+    # y = 1 means |x| < 4 eps, where erfcx is 1 to 1e-15.
+    return where(y100 >= 100.0, 1.0, result)
+
+
+def erfcx(x: D) -> D:
+    large = _ISPI * ((x * x) * (x * x + 4.5) + 2.0) / (x * ((x * x) * (x * x + 5.0) + 3.75))
+    positive = where(x > 5e7, _ISPI / x, where(x > 50.0, large, _erfcx_y100(400.0 / (4.0 + fabs(x)))))
+    negative = where(
+        x < -26.7, math.inf, where(x < -6.1, 2.0 * exp(x * x), 2.0 * exp(x * x) - _erfcx_y100(400.0 / (4.0 - x)))
+    )
+    return where(isnan(x), x, where(x >= 0.0, positive, negative))
+
+
+def erfc(x: D) -> D:
+    positive = exp(-(x * x)) * erfcx(fabs(x))
+    return where(x >= 0.0, positive, 2.0 - positive)
+
+
+def erf(x: D) -> D:
+    # Near 0, 1 - erfc(x) would lose x's relative precision: use the Taylor series there.
+    z = x * x
+    series = polevl(z, [(-1) ** k / (math.factorial(k) * (2 * k + 1)) for k in range(14, -1, -1)]) * x
+    series = series * (2.0 / math.sqrt(math.pi))
+    tail = 1.0 - erfc(fabs(x))
+    return where(fabs(x) < 0.5, series, where(x < 0.0, -tail, tail))
+
+
+def erfinv(y: D) -> D:
+    """ATen's calc_erfinv: a rational first guess, then two Newton steps."""
+    a = (0.886226899, -1.645349621, 0.914624893, -0.140543331)
+    b = (-2.118377725, 1.442710462, -0.329097515, 0.012229801)
+    c = (-1.970840454, -1.624906493, 3.429567803, 1.641345311)
+    d = (3.543889200, 1.637067800)
+    y_abs = fabs(y)
+    z = y * y
+    central = y * polevl(z, a[::-1]) / (polevl(z, b[::-1]) * z + 1.0)
+    zt = sqrt(-log((1.0 - y_abs) / 2.0))
+    num = polevl(zt, c[::-1])
+    tail = where(y < 0.0, -num, num) / ((d[1] * zt + d[0]) * zt + 1.0)
+    x = where(y_abs <= 0.7, central, tail)
+    for _ in range(2):
+        x = x - (erf(x) - y) / ((2.0 / math.sqrt(math.pi)) * exp(-(x * x)))
+    x = where(y_abs.eq(1.0), where(y < 0.0, -math.inf, math.inf), x)
+    return where(y_abs > 1.0, math.nan, x)
+
+
+def ndtri(y0: D) -> D:
+    """Cephes' ndtri, the inverse of the normal CDF."""
+    s2pi = 2.50662827463100050242
+    flip = y0 > 1.0 - 0.13533528323661269189
+    y = where(flip, 1.0 - y0, y0)
+    yc = y - 0.5
+    y2 = yc * yc
+    central = (yc + yc * (y2 * polevl(y2, C.NDTRI_P0) / polevl(y2, C.NDTRI_Q0))) * s2pi
+    x = sqrt(-2.0 * log(y))
+    x0 = x - log(x) / x
+    z = 1.0 / x
+    x1 = where(x < 8.0, z * polevl(z, C.NDTRI_P1) / polevl(z, C.NDTRI_Q1), z * polevl(z, C.NDTRI_P2) / polevl(z, C.NDTRI_Q2))
+    tail = x0 - x1
+    tail = where(flip, tail, -tail)
+    result = where(y > 0.13533528323661269189, central, tail)
+    result = where(y0.eq(0.0), -math.inf, where(y0.eq(1.0), math.inf, result))
+    return where(either(y0 < 0.0, y0 > 1.0), math.nan, result)
+
+
+def log_ndtr(x: D) -> D:
+    t = x * (1.0 / math.sqrt(2.0))
+    return where(x < -1.0, log(erfcx(-t) / 2.0) - t * t, log1p(-erfc(t) / 2.0))
+
+
+# --- gamma family --------------------------------------------------------------------------------------
+
+_LANCZOS_G = 7.0
+_LANCZOS = (
+    0.99999999999980993, 676.5203681218851, -1259.1392167224028, 771.32342877765313, -176.61502916214059,
+    12.507343278686905, -0.13857109526572012, 9.9843695780195716e-6, 1.5056327351493116e-7,
+)
+
+
+def _lgamma_positive(x: D) -> D:
+    """lgamma for x >= 0.5 (Lanczos, g = 7, n = 9)."""
+    z = x - 1.0
+    series = D(_const(_LANCZOS[0]))
+    for i, c in enumerate(_LANCZOS[1:], start=1):
+        series = series + c / (z + float(i))
+    t = z + _LANCZOS_G + 0.5
+    return 0.5 * math.log(2.0 * math.pi) + (z + 0.5) * log(t) - t + log(series)
+
+
+def lgamma(x: D) -> D:
+    # Reflection for x < 0.5: lgamma(x) = log(pi / |sin(pi x)|) - lgamma(1 - x); poles at 0, -1, -2, ...
+    reflected = math.log(math.pi) - log(fabs(sin(math.pi * (x - floor(x))))) - _lgamma_positive(1.0 - x)
+    result = where(x < 0.5, reflected, _lgamma_positive(where(x < 0.5, 1.0, x)))
+    pole = both(x <= 0.0, x.eq(floor(x)))
+    return where(pole, math.inf, where(isinf(x), math.inf, result))
+
+
+_PSI_A = (
+    8.33333333333333333333e-2, -2.10927960927960927961e-2, 7.57575757575757575758e-3, -4.16666666666666666667e-3,
+    3.96825396825396825397e-3, -8.33333333333333333333e-3, 8.33333333333333333333e-2,
+)
+
+
+def _digamma_nonnegative(x: D) -> D:
+    result = D(_const(0.0))
+    for _ in range(10):  # push x to >= 10, as ATen's "while (x < 10)" does
+        small = x < 10.0
+        result = where(small, result - 1.0 / x, result)
+        x = where(small, x + 1.0, x)
+    z = 1.0 / (x * x)
+    y = where(x < 1.0e17, z * polevl(z, _PSI_A), 0.0)
+    asymptotic = result + log(x) - 0.5 / x - y
+    return where(x.eq(10.0), result + 2.25175258906672110764, asymptotic)
+
+
+def digamma(x: D) -> D:
+    r = x - trunc(x)  # the fractional part, for an accurate tan(pi r)
+    reflected = _digamma_nonnegative(1.0 - x) - math.pi / tan(math.pi * r)
+    result = where(x < 0.0, reflected, _digamma_nonnegative(where(x < 0.0, 1.0, x)))
+    result = where(both(x < 0.0, x.eq(trunc(x))), math.nan, result)
+    # digamma(+-0) = -+inf.
+    return where(x.eq(0.0), where(D(op.Div(_const(1.0), x.v)) < 0.0, math.inf, -math.inf), result)
+
+
+def trigamma(x: D) -> D:
+    negative = x < 0.5
+    sin_pi_x = sin(math.pi * x)
+    result = where(negative, -(math.pi * math.pi) / (sin_pi_x * sin_pi_x), 0.0)
+    x = where(negative, 1.0 - x, x)
+    for _ in range(6):
+        result = result + 1.0 / (x * x)
+        x = x + 1.0
+    ixx = 1.0 / (x * x)
+    result = result + (1.0 + 1.0 / (2.0 * x) + ixx * (1.0 / 6 - ixx * (1.0 / 30 - ixx * (1.0 / 42)))) / x
+    return where(negative, -result, result)
+
+
+_ZETA_A = (
+    12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
+    -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15, 1.8152105401943546773e17,
+    -7.1661652561756670113e18,
+)
+
+
+def zeta(x: D, q: D) -> D:
+    """The Hurwitz zeta function, Cephes' algorithm: a direct sum, then Euler-Maclaurin."""
+    # ATen sums (q + k)**-x for k = 0..i while i < 9 or q + i <= 9, then adds the Euler-Maclaurin tail at
+    # w = q + i + 1. The terms are summed as a tensor with one more axis, as long as the largest q needs.
+    last = op.Constant(value_ints=[-1])
+    # The loop stops at the first i >= 9 with q + i > 9.
+    steps = op.Max(_const(9.0), op.Add(op.Floor(op.Sub(_const(9.0), q.v)), _const(1.0)))
+    count = op.ReduceMax(steps, keepdims=0)
+    k = op.Range(_const(0.0), op.Add(count, _const(1.0)), _const(1.0))  # 0..count
+    qk = op.Add(op.Unsqueeze(q.v, last), k)  # [..., K]
+    inside = op.LessOrEqual(k, op.Unsqueeze(steps, last))
+    terms = op.Where(inside, op.Pow(qk, op.Neg(op.Unsqueeze(x.v, last))), _const(0.0))
+    s = D(op.ReduceSum(terms, last, keepdims=0))
+    w = q + D(steps)  # a after the loop
+    b = D(op.Pow(w.v, op.Neg(x.v)))
+    s = s + b * w / (x - 1.0) - 0.5 * b
+    a = D(_const(1.0))
+    kk = 0.0
+    for i in range(12):
+        a = a * (x + kk)
+        b = b / w
+        s = s + a * b / _ZETA_A[i]
+        kk += 1.0
+        a = a * (x + kk)
+        b = b / w
+        kk += 1.0
+    result = where(x.eq(1.0), math.inf, s)
+    result = where(x < 1.0, math.nan, result)
+    nonpositive = q <= 0.0
+    result = where(both(nonpositive, q.eq(floor(q))), math.inf, result)
+    return where(both(both(nonpositive, op.Not(q.eq(floor(q)))), op.Not(x.eq(floor(x)))), math.nan, result)
+
+
+def polygamma(n: int, x: D) -> D:
+    if n == 0:
+        return digamma(x)
+    if n == 1:
+        return trigamma(x)
+    sign = 1.0 if n % 2 else -1.0
+    return sign * math.factorial(n) * zeta(D(op.Expand(_const(float(n + 1)), op.Shape(x.v))), x)
+
+
+# --- Bessel functions ----------------------------------------------------------------------------------
+
+_SQRT_2_OVER_PI = 0.797884560802865355879892119868763737
+_PI_4, _3PI_4 = 0.785398163397448309615660845819875721, 2.356194490192344928846982537459627163
+
+
+def bessel_j0(x: D) -> D:
+    x = fabs(x)
+    z = x * x
+    small = (z - 5.78318596294678452118) * (z - 3.04712623436620863991e1) * polevl(z, C.BESSEL_J0_RP) / polevl(
+        z, C.BESSEL_J0_RQ
+    )
+    small = where(x < 0.00001, 1.0 - z / 4.0, small)
+    w = 25.0 / z
+    p = polevl(w, C.BESSEL_J0_PP) / polevl(w, C.BESSEL_J0_PQ)
+    q = polevl(w, C.BESSEL_J0_QP) / polevl(w, C.BESSEL_J0_QQ)
+    large = (p * cos(x - _PI_4) - 5.0 / x * q * sin(x - _PI_4)) * _SQRT_2_OVER_PI / sqrt(x)
+    return where(x <= 5.0, small, large)
+
+
+def bessel_j1(x: D) -> D:
+    sign, x = x < 0.0, fabs(x)
+    z = x * x
+    small = polevl(z, C.BESSEL_J1_RP) / polevl(z, C.BESSEL_J1_RQ) * x * (z - 1.46819706421238932572e1) * (
+        z - 4.92184563216946036703e1
+    )
+    w = 25.0 / z
+    p = polevl(w, C.BESSEL_J1_PP) / polevl(w, C.BESSEL_J1_PQ)
+    q = polevl(w, C.BESSEL_J1_QP) / polevl(w, C.BESSEL_J1_QQ)
+    large = (p * cos(x - _3PI_4) - 5.0 / x * q * sin(x - _3PI_4)) * _SQRT_2_OVER_PI / sqrt(x)
+    result = where(x <= 5.0, small, large)
+    return where(sign, -result, result)
+
+
+def bessel_y0(x: D) -> D:
+    z = x * x
+    small = polevl(z, C.BESSEL_Y0_YP) / polevl(z, C.BESSEL_Y0_YQ) + 0.636619772367581343075535053490057448 * log(
+        x
+    ) * bessel_j0(x)
+    small = where(x.eq(0.0), -math.inf, where(x < 0.0, math.nan, small))
+    w = 25.0 / z
+    p = polevl(w, C.BESSEL_Y0_PP) / polevl(w, C.BESSEL_Y0_PQ)
+    q = polevl(w, C.BESSEL_Y0_QP) / polevl(w, C.BESSEL_Y0_QQ)
+    large = (p * sin(x - _PI_4) + 5.0 / x * q * cos(x - _PI_4)) * _SQRT_2_OVER_PI / sqrt(x)
+    return where(x <= 5.0, small, large)
+
+
+def bessel_y1(x: D) -> D:
+    z = x * x
+    small = x * (polevl(z, C.BESSEL_Y1_YP) / polevl(z, C.BESSEL_Y1_YQ)) + 0.636619772367581343075535053490057448 * (
+        bessel_j1(x) * log(x) - 1.0 / x
+    )
+    small = where(x.eq(0.0), -math.inf, where(x < 0.0, math.nan, small))
+    w = 25.0 / z
+    p = polevl(w, C.BESSEL_Y1_PP) / polevl(w, C.BESSEL_Y1_PQ)
+    q = polevl(w, C.BESSEL_Y1_QP) / polevl(w, C.BESSEL_Y1_QQ)
+    large = (p * sin(x - _3PI_4) + 5.0 / x * q * cos(x - _3PI_4)) * _SQRT_2_OVER_PI / sqrt(x)
+    return where(x <= 5.0, small, large)
+
+
+def i0e(x: D) -> D:
+    a = fabs(x)
+    return where(a <= 8.0, chbevl(a / 2.0 - 2.0, C.I0E_A), chbevl(32.0 / a - 2.0, C.I0E_B) / sqrt(a))
+
+
+def i0(x: D) -> D:
+    return exp(fabs(x)) * i0e(x)
+
+
+def i1e(x: D) -> D:
+    a = fabs(x)
+    result = where(a <= 8.0, chbevl(a / 2.0 - 2.0, C.I1E_A) * a, chbevl(32.0 / a - 2.0, C.I1E_B) / sqrt(a))
+    return where(x < 0.0, -result, result)
+
+
+def i1(x: D) -> D:
+    return exp(fabs(x)) * i1e(x)
+
+
+def _k_small(x: D, table) -> D:
+    return chbevl(x * x - 2.0, table)
+
+
+def _k_large(x: D, table) -> D:
+    return chbevl(8.0 / x - 2.0, table) / sqrt(x)
+
+
+def _k_domain(x: D, value: D) -> D:
+    return where(x.eq(0.0), math.inf, where(x < 0.0, math.nan, value))
+
+
+def modified_bessel_k0(x: D) -> D:
+    small = _k_small(x, C.MODIFIED_BESSEL_K0_A) - log(0.5 * x) * i0(x)
+    return _k_domain(x, where(x <= 2.0, small, exp(-x) * _k_large(x, C.MODIFIED_BESSEL_K0_B)))
+
+
+def modified_bessel_k1(x: D) -> D:
+    small = log(0.5 * x) * i1(x) + _k_small(x, C.MODIFIED_BESSEL_K1_A) / x
+    return _k_domain(x, where(x <= 2.0, small, exp(-x) * _k_large(x, C.MODIFIED_BESSEL_K1_B)))
+
+
+def scaled_modified_bessel_k0(x: D) -> D:
+    small = (_k_small(x, C.SCALED_MODIFIED_BESSEL_K0_A) - log(0.5 * x) * i0(x)) * exp(x)
+    return _k_domain(x, where(x <= 2.0, small, _k_large(x, C.SCALED_MODIFIED_BESSEL_K0_B)))
+
+
+def scaled_modified_bessel_k1(x: D) -> D:
+    small = (log(0.5 * x) * i1(x) + _k_small(x, C.SCALED_MODIFIED_BESSEL_K1_A) / x) * exp(x)
+    return _k_domain(x, where(x <= 2.0, small, _k_large(x, C.SCALED_MODIFIED_BESSEL_K1_B)))
+
+
+def modified_bessel_i0(x: D) -> D:
+    a = fabs(x)
+    small = exp(a) * chbevl(a / 2.0 - 2.0, C.MODIFIED_BESSEL_I0_A)
+    return where(a <= 8.0, small, exp(a) * chbevl(32.0 / a - 2.0, C.MODIFIED_BESSEL_I0_B) / sqrt(a))
+
+
+def modified_bessel_i1(x: D) -> D:
+    a = fabs(x)
+    small = chbevl(a / 2.0 - 2.0, C.MODIFIED_BESSEL_I1_A) * a * exp(a)
+    result = where(a <= 8.0, small, exp(a) * chbevl(32.0 / a - 2.0, C.MODIFIED_BESSEL_I1_B) / sqrt(a))
+    return where(x < 0.0, -result, result)
+
+
+def spherical_bessel_j0(x: D) -> D:
+    z = x * x
+    series = polevl(z, (1.0 / 6227020800.0, -1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0,
+                        -1.0 / 6.0, 1.0))
+    return where(isinf(x), 0.0, where(fabs(x) < 0.5, series, sin(x) / x))
+
+
+def airy_ai(x: D) -> D:
+    # x < -2.09: the asymptotic oscillating form.
+    xn = where(x < -2.09, x, -3.0)
+    zeta_neg = -2.0 * xn * sqrt(-xn) / 3.0
+    z = 1.0 / zeta_neg
+    zz = z * z
+    t = zeta_neg + 0.25 * math.pi
+    negative = 5.64189583547756286948e-01 / sqrt(sqrt(-xn)) * (
+        sin(t) * (1.0 + zz * polevl(zz, C.AIRY_AI_AFN) / polevl(zz, C.AIRY_AI_AFD))
+        - cos(t) * (z * polevl(zz, C.AIRY_AI_AGN) / polevl(zz, C.AIRY_AI_AGD))
+    )
+    # x >= 2.09: the asymptotic decaying form, used alone above 8.3203353.
+    xp = where(x >= 2.09, x, 3.0)
+    zeta_pos = 2.0 * xp * sqrt(xp) / 3.0
+    positive = 5.64189583547756286948e-01 * (polevl(1.0 / zeta_pos, C.AIRY_AI_AN) / polevl(1.0 / zeta_pos, C.AIRY_AI_AD)) / (
+        2.0 * sqrt(sqrt(xp)) * exp(zeta_pos)
+    )
+    # Otherwise the power series in x**3, summed to convergence (25 terms are enough for |x| <= 8.33).
+    xs = where(both(x >= -2.09, x <= 8.3203353), x, 0.0)
+    f, g, k, m, n = D(_const(1.0)), xs, 1.0, D(_const(1.0)), xs
+    z3 = xs * xs * xs
+    for _ in range(25):
+        m = m * z3
+        k += 1.0
+        m = m / k
+        n = n * z3
+        k += 1.0
+        n = n / k
+        m = m / k
+        f = f + m
+        k += 1.0
+        n = n / k
+        g = g + n
+    series = 0.355028053887817239260 * f - 0.258819403792806798405 * g
+    result = where(x < -2.09, negative, where(x >= 2.09, positive, series))
+    result = where(both(x >= 2.09, x <= 8.3203353), positive, result)
+    result = where(x > 103.892, 0.0, result)
+    return where(isinf(x), math.nan, result)
+
+
+# --- rules ---------------------------------------------------------------------------------------------
+
+
+def _register(function, *targets):
+    def rule(self):
+        return _lowered(function, self)
+
+    rule.__name__ = rule.__qualname__ = f"aten_{function.__name__}"
+    rule.__doc__ = "; ".join(str(t._schema) for t in targets)
+    for target in targets:
+        project_rule(target)(rule)
+
+
+_register(erfinv, aten.erfinv.default, prims.erf_inv.default)
+_register(ndtri, aten.special_ndtri.default, prims.ndtri.default)
+_register(log_ndtr, aten.special_log_ndtr.default)
+_register(erfcx, aten.special_erfcx.default, prims.erfcx.default)
+_register(lgamma, aten.lgamma.default, prims.lgamma.default)
+_register(digamma, aten.digamma.default, prims.digamma.default)
+_register(i0, aten.i0.default, prims.bessel_i0.default)
+_register(i0e, aten.special_i0e.default, prims.bessel_i0e.default)
+_register(i1, aten.special_i1.default, prims.bessel_i1.default)
+_register(i1e, aten.special_i1e.default, prims.bessel_i1e.default)
+_register(bessel_j0, aten.special_bessel_j0.default, prims.bessel_j0.default)
+_register(bessel_j1, aten.special_bessel_j1.default, prims.bessel_j1.default)
+_register(bessel_y0, aten.special_bessel_y0.default)
+_register(bessel_y1, aten.special_bessel_y1.default)
+_register(modified_bessel_i0, aten.special_modified_bessel_i0.default)
+_register(modified_bessel_i1, aten.special_modified_bessel_i1.default)
+_register(modified_bessel_k0, aten.special_modified_bessel_k0.default)
+_register(modified_bessel_k1, aten.special_modified_bessel_k1.default)
+_register(scaled_modified_bessel_k0, aten.special_scaled_modified_bessel_k0.default)
+_register(scaled_modified_bessel_k1, aten.special_scaled_modified_bessel_k1.default)
+_register(spherical_bessel_j0, aten.special_spherical_bessel_j0.default, prims.spherical_bessel_j0.default)
+_register(airy_ai, aten.special_airy_ai.default)
+
+
+@project_rule(aten.polygamma.default)
+def aten_polygamma(n: int, self):
+    """polygamma(int n, Tensor self) -> Tensor"""
+    return _lowered(lambda x: polygamma(n, x), self)
+
+
+@project_rule(aten.mvlgamma.default)
+def aten_mvlgamma(self, p: int):
+    """mvlgamma(Tensor self, int p) -> Tensor"""
+    # log of the multivariate gamma: p(p-1)/4 log(pi) + sum_{j<p} lgamma(x - j/2).
+    def mvlgamma(x: D) -> D:
+        result = D(_const(p * (p - 1) / 4.0 * math.log(math.pi)))
+        for j in range(p):
+            result = result + lgamma(x - j / 2.0)
+        return result
+
+    return _lowered(mvlgamma, self)
+
+
+def _zeta_rule(self, other):
+    return _lowered(zeta, self, other)
+
+
+@project_rule(aten.special_zeta.default)
+def aten_special_zeta(self, other):
+    """special_zeta(Tensor self, Tensor other) -> Tensor"""
+    return _zeta_rule(self, other)
+
+
+@project_rule(prims.zeta.default)
+def prims_zeta(self, other):
+    """zeta(Tensor self, Tensor other) -> Tensor"""
+    return _zeta_rule(self, other)
