@@ -49,7 +49,6 @@ from aot2onnx.lower.registry import default_registry
 from aot2onnx.lower.translate import LoweredGraph, lower_graph
 from aot2onnx.optim import SGD, AdamW, Optimizer, ParamInfo, grad_name, updated_name
 from aot2onnx.options import DEFAULT_OPSET
-from aot2onnx.runtime import edge
 from aot2onnx.signature import InputKind, OutputKind
 
 __all__ = ["TrainingArtifact", "export_training", "main"]
@@ -639,6 +638,8 @@ def _state(module: nn.Module) -> tuple[dict[str, torch.Tensor], list[dict]]:
 
 
 def _attach_signature(model: onnx.ModelProto, signature: dict, graph: str) -> onnx.ModelProto:
+    from aot2onnx.runtime import edge  # see export_training
+
     for key, value in ((edge.SIGNATURE_KEY, json.dumps(signature, sort_keys=True)), (edge.GRAPH_KEY, graph)):
         entry = next((p for p in model.metadata_props if p.key == key), None) or model.metadata_props.add()
         entry.key, entry.value = key, value
@@ -685,6 +686,10 @@ def export_training(
         CaptureError: the module cannot be traced as one training step (see the message).
         UnsupportedOpError: ops without an ONNX lowering, all listed.
     """
+    # The artifact's constants are edge.py's, the reference reader. Imported here: `import aot2onnx` must not
+    # import edge, or `python -m aot2onnx.runtime.edge` would find it imported already and runpy would warn.
+    from aot2onnx.runtime import edge
+
     if optimizer is not None and not isinstance(optimizer, Optimizer):
         raise TypeError(f"optimizer must be aot2onnx.optim.SGD, aot2onnx.optim.AdamW or None, got {optimizer!r}")
     example_inputs = tuple(example_inputs)

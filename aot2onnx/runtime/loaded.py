@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import torch
@@ -18,9 +18,11 @@ import torch.nn as nn
 
 from aot2onnx.errors import ArtifactError, RuntimeSessionError
 from aot2onnx.options import Options
-from aot2onnx.runtime import edge
 from aot2onnx.runtime.session import OrtGraph
 from aot2onnx.signature import GraphSignature, InputKind, InputSpec, OutputKind, OutputSpec
+
+if TYPE_CHECKING:
+    from aot2onnx.runtime import edge
 
 __all__ = ["LoadedModule", "load"]
 
@@ -37,6 +39,10 @@ def load(out_dir: str | os.PathLike, **options: Any) -> LoadedModule:
             outputs (names, dtypes, ranks) or with itself, a state file missing a tensor or holding one of the
             wrong dtype or shape, or an ONNX external-data path outside the artifact directory.
     """
+    # Imported here: `import aot2onnx` must not import edge, or `python -m aot2onnx.runtime.edge` would find it
+    # imported already and runpy would warn.
+    from aot2onnx.runtime import edge
+
     opts = Options.from_mapping(options)
     try:
         artifact = edge.open_artifact(out_dir)
