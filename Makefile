@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.aot2onnx-installed
 
-.PHONY: demo test test-slow lint clean
+.PHONY: demo test test-slow lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,17 @@ test: $(STAMP) lint
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# The training-step benchmark (eager vs inductor vs aot2onnx): writes BENCHMARKS.md and docs/benchmarks.png.
+# matplotlib draws the chart; it is only needed here. Pass options with BENCH_ARGS="--models mlp --rounds 3".
+BENCH_STAMP := $(VENV)/.aot2onnx-bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q matplotlib
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(PY) -m aot2onnx bench --out BENCHMARKS.md --chart docs/benchmarks.png $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
