@@ -146,6 +146,8 @@ def _lower_call(
     def convert(arg: Any) -> Any:
         if isinstance(arg, torch.fx.Node):
             return values[arg.name]
+        if isinstance(arg, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+            return arg  # an op passed to a higher-order op (with_effects); the exporter's converter rejects it
         if isinstance(arg, (list, tuple)):
             return [convert(a) for a in arg]
         return _core._convert_fx_arg_to_onnx_arg(arg, values, {})

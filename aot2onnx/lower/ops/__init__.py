@@ -3,4 +3,4 @@
 Importing this package registers every rule in it.
 """
 
-from aot2onnx.lower.ops import conv, core, indexing, loss, norm, pointwise, pool, reductions, special, views  # noqa: F401
+from aot2onnx.lower.ops import conv, core, indexing, linalg, loss, norm, pointwise, pool, reductions, special, views  # noqa: F401
