@@ -141,3 +141,24 @@ def aten_searchsorted_scalar(sorted_sequence, self, out_int32: bool = False, rig
     positions = _searchsorted(sorted_sequence, value, out_int32, right, side, sorter, scalar=True)
     # One position per row of a batched sequence, none for a 1-D one.
     return positions
+
+
+@project_rule(aten.diagonal_scatter.default)
+def aten_diagonal_scatter(self, src, offset: int = 0, dim1: int = 0, dim2: int = 1):
+    """diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, int dim2=1) -> Tensor"""
+    # PyTorch's decomposition writes into a view (prims.copy_to), which AOTAutograd rejects in a
+    # functional graph. Here: the two dims first, then one ScatterND at the diagonal's positions.
+    rank = len(self.shape)
+    dim1, dim2 = dim1 % rank, dim2 % rank
+    n1, n2 = self.shape[dim1], self.shape[dim2]
+    if not isinstance(n1, int) or not isinstance(n2, int):
+        raise NotImplementedError("diagonal_scatter needs static sizes of the two dims")
+    length = min(n1, n2 - offset) if offset >= 0 else min(n1 + offset, n2)
+    if length <= 0:
+        return op.Identity(self)
+    perm = [dim1, dim2] + [d for d in range(rank) if d not in (dim1, dim2)]
+    inverse = [perm.index(d) for d in range(rank)]
+    positions = [[k + max(-offset, 0), k + max(offset, 0)] for k in range(length)]
+    updates = op.Transpose(src, perm=[rank - 2] + list(range(rank - 2)))  # the diagonal's axis first
+    scattered = op.ScatterND(op.Transpose(self, perm=perm), op.Constant(value=ir.tensor(positions, dtype=ir.DataType.INT64)), updates)
+    return op.Transpose(scattered, perm=inverse)

@@ -25,8 +25,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
+import onnxscript
 import torch
 from onnxscript import opset18 as op
+from torch.onnx._internal.exporter import _building
 
 from aot2onnx.lower.registry import project_rule
 
@@ -455,3 +457,328 @@ def higher_order_with_effects(token, effectful_op, *args, **kwargs):
     # The new token is a fresh empty tensor: AOTAutograd passes no tensor for the token at run time, so
     # the graph must not read its token input.
     return (op.ConstantOfShape(_ints([0]), value=ir.tensor(np.zeros(1, dtype=token.dtype.numpy()))),)
+
+
+# --- symmetric eigendecomposition and SVD (cyclic Jacobi) ----------------------------------------------
+
+
+def _basis(n: int, i: int, j: int) -> ir.Value:
+    e = np.zeros((n, n))
+    e[i, j] = 1.0
+    return _const(e)
+
+
+def _rotation(n: int, p: int, q: int, c, s) -> ir.Value:
+    """J = I with J[p,p] = J[q,q] = c, J[p,q] = s, J[q,p] = -s, for per-matrix c and s of shape [...]."""
+    c, s = op.Unsqueeze(c, _ints([-1, -2])), op.Unsqueeze(s, _ints([-1, -2]))
+    diagonal = np.zeros((n, n))
+    diagonal[p, p] = diagonal[q, q] = 1.0
+    j = op.Add(_const(np.eye(n)), op.Mul(op.Sub(c, _const(1.0)), _const(diagonal)))
+    return op.Add(j, op.Mul(s, op.Sub(_basis(n, p, q), _basis(n, q, p))))
+
+
+def _jacobi_angle(theta, zero):
+    """(c, s) of the rotation that zeroes an off-diagonal entry, from theta = (a_qq - a_pp) / (2 a_pq)."""
+    sign = op.Where(op.Less(theta, _const(0.0)), _const(-1.0), _const(1.0))
+    t = op.Div(sign, op.Add(op.Abs(theta), op.Sqrt(op.Add(op.Mul(theta, theta), _const(1.0)))))
+    t = op.Where(zero, _const(0.0), t)
+    c = op.Div(_const(1.0), op.Sqrt(op.Add(op.Mul(t, t), _const(1.0))))
+    return c, op.Mul(t, c)
+
+
+def _sorted_columns(values, vectors: M, descending: bool):
+    """values [..., n] sorted, and the columns of vectors [..., m, n] in the same order."""
+    n = vectors.cols
+    values, order = op.TopK(values, _ints([n]), axis=-1, largest=1 if descending else 0, sorted=1)
+    index = op.Expand(op.Unsqueeze(order, _ints([-2])), op.Shape(vectors.v))
+    return values, vectors.like(op.GatherElements(vectors.v, index, axis=-1))
+
+
+def _loop(trip_count: int, carried: list, body):
+    """``carried = body(*carried)``, ``trip_count`` times, as one ONNX Loop (its body built once).
+
+    Unrolled, the Jacobi sweeps make graphs of thousands of nodes, which the ONNX optimizer takes minutes
+    over; a Loop keeps one sweep's nodes. The body may read values of the enclosing graph.
+    """
+    outer = onnxscript.evaluator.default()
+    recorder = _building.OpRecorder(outer.opset, {})
+    iteration = ir.Value(name=None, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
+    condition = ir.Value(name=None, type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    inputs = [ir.Value(name=None, type=ir.TensorType(v.dtype or _DOUBLE)) for v in carried]
+    with onnxscript.evaluator.default_as(recorder):
+        outputs = [op.Identity(v) for v in body(*inputs)]
+        keep_going = op.Identity(condition)
+    for output, value in zip(outputs, inputs):
+        output.dtype = value.dtype
+    keep_going.dtype = ir.DataType.BOOL
+    graph = ir.Graph([iteration, condition, *inputs], [keep_going, *outputs], nodes=recorder.nodes, name="sweep")
+    # The node is built directly: the exporter's recorder cannot bind Loop's variadic inputs.
+    loop = ir.node("Loop", [op.Constant(value_int=trip_count), None, *carried], attributes={"body": graph},
+                   num_outputs=len(carried))
+    outer.nodes.append(loop)
+    for result, value in zip(loop.outputs, carried):
+        result.dtype = value.dtype or _DOUBLE
+    return list(loop.outputs)
+
+
+def _eigh(a: M, lower: bool):
+    n = a.rows
+    triangle = _triangle(a, lower)
+    s = triangle.like(op.Add(triangle.v, _triangle(a, lower, -1 if lower else 1).T.v))
+    v = a.like(op.Expand(_const(np.eye(n)), op.Shape(a.v)))
+
+    def sweep(s_value, v_value):
+        s, v = a.like(s_value), a.like(v_value)
+        for p in range(n):
+            for q in range(p + 1, n):
+                apq = s.entry(p, q)
+                zero = op.Equal(apq, _const(0.0))
+                theta = op.Div(op.Sub(s.entry(q, q), s.entry(p, p)), op.Mul(_const(2.0), op.Where(zero, _const(1.0), apq)))
+                c, sn = _jacobi_angle(theta, zero)
+                j = s.like(_rotation(n, p, q, c, sn))
+                s = j.T @ s @ j
+                v = v @ j
+        return s.v, v.v
+
+    s_value, v_value = _loop(_SWEEPS, [s.v, v.v], sweep) if n > 1 else (s.v, v.v)
+    return _sorted_columns(a.like(s_value).diagonal(), a.like(v_value), descending=False)
+
+
+@project_rule(aten._linalg_eigh.default)
+def aten__linalg_eigh(A, UPLO: str = "L", compute_v: bool = True):
+    """_linalg_eigh(Tensor A, str UPLO="L", bool compute_v=True) -> (Tensor eigenvalues, Tensor eigenvectors)"""
+    values, vectors = _eigh(M.of(A), UPLO.upper() == "L")
+    if not compute_v:
+        return op.CastLike(values, A), op.CastLike(op.ConstantOfShape(_ints([0])), A)
+    return op.CastLike(values, A), vectors.out(A)
+
+
+def _svd_tall(a: M):
+    """One-sided Jacobi for rows >= cols: (U [..., m, n], S [..., n], V [..., n, n]), S descending."""
+    n = a.cols
+    v = a.like(op.Expand(_const(np.eye(n)), op.Concat(op.Shape(a.v, end=-2), _ints([n, n]), axis=0)), n, n)
+
+    def sweep(w_value, v_value):
+        w, v = a.like(w_value), a.like(v_value, n, n)
+        for p in range(n):
+            for q in range(p + 1, n):
+                wp, wq = w.col(p), w.col(q)
+                last = _ints([-1])
+                alpha = op.ReduceSum(op.Mul(wp, wp), last, keepdims=0)
+                beta = op.ReduceSum(op.Mul(wq, wq), last, keepdims=0)
+                gamma = op.ReduceSum(op.Mul(wp, wq), last, keepdims=0)
+                zero = op.Equal(gamma, _const(0.0))
+                zeta = op.Div(op.Sub(beta, alpha), op.Mul(_const(2.0), op.Where(zero, _const(1.0), gamma)))
+                c, s = _jacobi_angle(zeta, zero)
+                j = M(_rotation(n, p, q, c, s), a.rank, n, n)
+                w = w @ j
+                v = v @ j
+        return w.v, v.v
+
+    w_value, v_value = _loop(_SWEEPS, [a.v, v.v], sweep) if n > 1 else (a.v, v.v)
+    w, v = a.like(w_value), a.like(v_value, n, n)
+    norms = op.Sqrt(op.ReduceSum(op.Mul(w.v, w.v), _ints([-2]), keepdims=0))  # [..., n]
+    safe = op.Where(op.Equal(norms, _const(0.0)), _const(1.0), norms)
+    u = w.like(op.Mul(op.Div(w.v, op.Unsqueeze(safe, _ints([-2]))), op.Unsqueeze(op.Cast(op.Greater(norms, _const(0.0)), to=_DOUBLE), _ints([-2]))))
+    s_sorted, u = _sorted_columns(norms, u, descending=True)
+    _, v = _sorted_columns(norms, v, descending=True)
+    return u, s_sorted, v
+
+
+def _svd(a: M):
+    """(U, S, V) with A = U diag(S) V^T, reduced."""
+    if a.rows >= a.cols:
+        return _svd_tall(a)
+    u, s, v = _svd_tall(a.T)
+    return v, s, u
+
+
+@project_rule(aten._linalg_svd.default)
+def aten__linalg_svd(A, full_matrices: bool = False, compute_uv: bool = True, driver: str | None = None):
+    """_linalg_svd(Tensor A, bool full_matrices=False, bool compute_uv=True, *, str? driver=None) -> (Tensor U, Tensor S, Tensor Vh)"""
+    a = M.of(A)
+    if compute_uv and full_matrices and a.rows != a.cols:
+        raise NotImplementedError("full_matrices=True for a non-square matrix (the basis completion)")
+    if min(a.rows, a.cols) == 0:
+        batch = op.Shape(A, end=-2)
+        k = 0
+        u_cols, v_rows = (a.rows, a.cols) if full_matrices else (k, k)
+        u = op.Expand(_const(np.eye(a.rows, u_cols)), op.Concat(batch, _ints([a.rows, u_cols]), axis=0))
+        vh = op.Expand(_const(np.eye(v_rows, a.cols)), op.Concat(batch, _ints([v_rows, a.cols]), axis=0))
+        s = op.Expand(_const(np.zeros((0,))), op.Concat(batch, _ints([0]), axis=0))
+        return op.CastLike(u, A), op.CastLike(s, A), op.CastLike(vh, A)
+    u, s, v = _svd(a)
+    if not compute_uv:
+        empty = op.CastLike(op.ConstantOfShape(_ints([0])), A)
+        return empty, op.CastLike(s, A), op.Identity(empty)
+    return u.out(A), op.CastLike(s, A), v.T.out(A)
+
+
+@project_rule(aten.linalg_pinv.atol_rtol_tensor)
+def aten_linalg_pinv_atol_rtol_tensor(self, atol=None, rtol=None, hermitian: bool = False):
+    """linalg_pinv.atol_rtol_tensor(Tensor self, *, Tensor? atol=None, Tensor? rtol=None, bool hermitian=False) -> Tensor"""
+    # The pseudo-inverse is unique, so the SVD serves the hermitian case too (there |eigenvalues| are the
+    # singular values). Singular values at or below max(atol, rtol * largest) count as zero.
+    a = M.of(self)
+    if hermitian:  # ATen reads the lower triangle only (eigh with UPLO="L")
+        a = a.like(op.Add(_triangle(a, True).v, _triangle(a, True, -1).T.v))
+    if min(a.rows, a.cols) == 0:
+        return op.CastLike(op.ConstantOfShape(op.Concat(op.Shape(self, end=-2), _ints([a.cols, a.rows]), axis=0)), self)
+    u, s, v = _svd(a)
+    largest = op.ReduceMax(s, _ints([-1]), keepdims=1)
+    atol_value = _const(0.0) if atol is None else _last(op.Cast(atol, to=_DOUBLE))
+    if rtol is None:
+        eps = float(np.finfo(self.dtype.numpy()).eps) * max(a.rows, a.cols)
+        rtol_value = _const(eps) if atol is None else op.Where(op.Greater(atol_value, _const(0.0)), _const(0.0), _const(eps))
+    else:
+        rtol_value = _last(op.Cast(rtol, to=_DOUBLE))
+    threshold = op.Max(atol_value, op.Mul(rtol_value, largest))
+    kept = op.Greater(s, threshold)
+    inverse = op.Where(kept, op.Div(_const(1.0), op.Where(kept, s, _const(1.0))), _const(0.0))
+    scaled = v.like(op.Mul(v.v, op.Unsqueeze(inverse, _ints([-2]))))
+    return (scaled @ u.T).out(self)
+
+
+# --- matrix exponential ---------------------------------------------------------------------------------
+
+_TAYLOR_DEGREE = 18
+_MAX_SQUARINGS = 48
+
+
+@project_rule(aten.linalg_matrix_exp.default)
+def aten_linalg_matrix_exp(self):
+    """linalg_matrix_exp(Tensor self) -> Tensor"""
+    # Scaling and squaring: exp(A) = exp(A / 2**s) ** (2**s), with s = ceil(log2 |A|_1) per matrix so that
+    # the Taylor series (degree 18) of the scaled matrix is exact in double precision.
+    a = M.of(self)
+    n = a.rows
+    norm = op.ReduceMax(op.ReduceSum(op.Abs(a.v), _ints([-2]), keepdims=0), _ints([-1]), keepdims=0)
+    s = op.Max(op.Ceil(op.Div(op.Log(op.Max(norm, _const(1e-300))), _const(np.log(2.0)))), _const(0.0))
+    s = op.Min(s, _const(float(_MAX_SQUARINGS)))
+    x = a.like(op.Div(a.v, op.Unsqueeze(op.Pow(_const(2.0), s), _ints([-1, -2]))))
+    eye = _const(np.eye(n))
+    result, term = a.like(op.Add(eye, op.Mul(x.v, _const(0.0)))), a.like(op.Add(eye, op.Mul(x.v, _const(0.0))))
+    for k in range(1, _TAYLOR_DEGREE + 1):
+        term = term.like(op.Div((term @ x).v, _const(float(k))))
+        result = result.like(op.Add(result.v, term.v))
+    steps = op.Unsqueeze(s, _ints([-1, -2]))
+    for i in range(_MAX_SQUARINGS):
+        squared = result @ result
+        result = result.like(op.Where(op.Less(_const(float(i)), steps), squared.v, result.v))
+    return result.out(self)
+
+
+# --- QR (Householder, as LAPACK's geqrf) ----------------------------------------------------------------
+
+
+def _geqrf(a: M):
+    """LAPACK's geqrf: R on and above the diagonal, Householder vectors below it, and tau."""
+    m, n = a.rows, a.cols
+    value, taus = a.v, []
+    for k in range(min(m, n)):
+        column = op.Gather(value, op.Constant(value_int=k), axis=-1)  # [..., m]
+        alpha = op.Gather(column, op.Constant(value_int=k), axis=-1)
+        below = op.Mul(column, _const((np.arange(m) > k).astype(np.float64)))
+        xnorm = op.Sqrt(op.ReduceSum(op.Mul(below, below), _ints([-1]), keepdims=0))
+        trivial = op.Equal(xnorm, _const(0.0))
+        # dlarfg: beta = -sign(alpha) * hypot(alpha, xnorm), tau = (beta - alpha) / beta, v = x / (alpha - beta).
+        norm = op.Sqrt(op.Add(op.Mul(alpha, alpha), op.Mul(xnorm, xnorm)))
+        beta = op.Where(op.Less(alpha, _const(0.0)), norm, op.Neg(norm))
+        beta = op.Where(trivial, alpha, beta)
+        tau = op.Where(trivial, _const(0.0), op.Div(op.Sub(beta, alpha), op.Where(trivial, _const(1.0), beta)))
+        scale = op.Where(trivial, _const(0.0), op.Div(_const(1.0), op.Where(trivial, _const(1.0), op.Sub(alpha, beta))))
+        v_below = op.Mul(below, _last(scale))
+        v = op.Add(v_below, _const((np.arange(m) == k).astype(np.float64)))  # [..., m], v[k] = 1
+        # H = I - tau v v^T applied to the columns right of k.
+        w = op.ReduceSum(op.Mul(_last(v), value), _ints([-2]), keepdims=0)  # [..., n]
+        w = op.Mul(w, _const((np.arange(n) > k).astype(np.float64)))
+        value = op.Sub(value, op.Mul(op.Unsqueeze(op.Mul(v, _last(tau)), _ints([-1])), op.Unsqueeze(w, _ints([-2]))))
+        # Column k becomes beta on the diagonal and v below it.
+        new_column = op.Add(v_below, op.Mul(_last(beta), _const((np.arange(m) == k).astype(np.float64))))
+        keep_above = _const((np.arange(m) < k).astype(np.float64))
+        new_column = op.Add(new_column, op.Mul(column, keep_above))
+        value = op.Where(_mask(np.arange(n) == k), _last(new_column), value)
+        taus.append(_last(tau))
+    tau_value = op.Concat(*taus, axis=-1) if taus else op.Expand(_const(np.zeros((0,))), op.Concat(op.Shape(a.v, end=-2), _ints([0]), axis=0))
+    return a.like(value), tau_value
+
+
+def _reflector(packed: M, i: int):
+    """The Householder vector v_i (v_i[i] = 1, zeros above) from column i of a packed factorization."""
+    m = packed.rows
+    column = packed.col(i)
+    return op.Add(op.Mul(column, _const((np.arange(m) > i).astype(np.float64))), _const((np.arange(m) == i).astype(np.float64)))
+
+
+def _apply_reflector(c: M, v, tau, from_left: bool) -> M:
+    """(I - tau v v^T) c, or c (I - tau v v^T)."""
+    tau = op.Unsqueeze(tau, _ints([-1, -2]))
+    if from_left:
+        w = op.ReduceSum(op.Mul(_last(v), c.v), _ints([-2]), keepdims=1)  # v^T c: [..., 1, k]
+        return c.like(op.Sub(c.v, op.Mul(tau, op.Mul(_last(v), w))))
+    w = op.ReduceSum(op.Mul(op.Unsqueeze(v, _ints([-2])), c.v), _ints([-1]), keepdims=1)  # c v: [..., r, 1]
+    return c.like(op.Sub(c.v, op.Mul(tau, op.Mul(w, op.Unsqueeze(v, _ints([-2]))))))
+
+
+def _tau_at(tau, i: int):
+    return op.Gather(tau, op.Constant(value_int=i), axis=-1)
+
+
+def _householder_product(packed: M, tau, count: int, columns: int) -> M:
+    """H_1 ... H_count applied to the first ``columns`` columns of the identity (LAPACK's orgqr)."""
+    m = packed.rows
+    batch = op.Shape(packed.v, end=-2)
+    q = M(op.Expand(_const(np.eye(m, columns)), op.Concat(batch, _ints([m, columns]), axis=0)), packed.rank, m, columns)
+    for i in range(count - 1, -1, -1):
+        q = _apply_reflector(q, _reflector(packed, i), _tau_at(tau, i), from_left=True)
+    return q
+
+
+def _static_count(tau) -> int:
+    count = tau.shape[-1] if tau.shape is not None else None
+    if not isinstance(count, int):
+        raise NotImplementedError("aot2onnx needs a static number of Householder reflectors")
+    return count
+
+
+@project_rule(aten.geqrf.default)
+def aten_geqrf(self):
+    """geqrf(Tensor self) -> (Tensor a, Tensor tau)"""
+    packed, tau = _geqrf(M.of(self))
+    return packed.out(self), op.CastLike(tau, self)
+
+
+@project_rule(aten.linalg_householder_product.default)
+def aten_linalg_householder_product(input, tau):
+    """linalg_householder_product(Tensor input, Tensor tau) -> Tensor"""
+    packed = M.of(input)
+    return _householder_product(packed, op.Cast(tau, to=_DOUBLE), _static_count(tau), packed.cols).out(input)
+
+
+@project_rule(aten.ormqr.default)
+def aten_ormqr(self, input2, input3, left: bool = True, transpose: bool = False):
+    """ormqr(Tensor self, Tensor input2, Tensor input3, bool left=True, bool transpose=False) -> Tensor"""
+    packed, tau, c = M.of(self), op.Cast(input2, to=_DOUBLE), M.of(input3)
+    count = _static_count(input2)
+    # Q = H_1 ... H_k. Q C applies H_k first; Q^T C applies H_1 first; C Q applies H_1 first.
+    order = list(range(count))
+    if left != transpose:
+        order.reverse()
+    for i in order:
+        c = _apply_reflector(c, _reflector(packed, i), _tau_at(tau, i), from_left=left)
+    return c.out(input3)
+
+
+@project_rule(aten.linalg_qr.default)
+def aten_linalg_qr(A, mode: str = "reduced"):
+    """linalg_qr(Tensor A, str mode="reduced") -> (Tensor Q, Tensor R)"""
+    a = M.of(A)
+    m, n = a.rows, a.cols
+    k = min(m, n)
+    packed, tau = _geqrf(a)
+    rows = m if mode == "complete" else k
+    r = op.Mul(op.Slice(packed.v, _ints([0]), _ints([rows]), _ints([-2])), _const(np.triu(np.ones((rows, n)))))
+    if mode == "r":
+        return op.CastLike(op.ConstantOfShape(_ints([0])), A), op.CastLike(r, A)
+    q = _householder_product(packed, tau, k, m if mode == "complete" else k)
+    return q.out(A), op.CastLike(r, A)
