@@ -3,4 +3,17 @@
 Importing this package registers every rule in it.
 """
 
-from aot2onnx.lower.ops import conv, core, indexing, linalg, loss, norm, pointwise, pool, reductions, special, views  # noqa: F401
+from aot2onnx.lower.ops import (  # noqa: F401
+    adaptive_pool,
+    conv,
+    core,
+    indexing,
+    linalg,
+    loss,
+    norm,
+    pointwise,
+    pool,
+    reductions,
+    special,
+    views,
+)
