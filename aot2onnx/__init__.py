@@ -16,13 +16,23 @@ from aot2onnx.errors import (
     RuntimeSessionError,
     UnsupportedOpError,
 )
-from aot2onnx.export import export_training
 from aot2onnx.lower.registry import register_lowering
 from aot2onnx.options import Options
 from aot2onnx.runtime.loaded import load
 from aot2onnx.runtime.session import compiled_graphs, reset_compiled_graphs
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # The exporter needs the lowering's imports (onnxscript, torch's ONNX exporter), which a process that
+    # only runs cached graphs never loads; it is imported on first use.
+    if name == "export_training":
+        from aot2onnx.export import export_training
+
+        return export_training
+    raise AttributeError(f"module 'aot2onnx' has no attribute {name!r}")
+
 
 __all__ = [
     "Aot2OnnxError",

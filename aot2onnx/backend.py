@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import onnx
-import onnx_ir as ir
 import torch
 import torch.fx
 
@@ -21,9 +20,10 @@ from aot2onnx.capture.fastpath import FASTPATH_DECOMPOSITIONS
 from aot2onnx.errors import LoweringError
 from aot2onnx.fallback import FallbackGraph, split_unsupported, unsupported_targets
 from aot2onnx.lower.registry import default_registry, user_rules
-from aot2onnx.lower.translate import RANDOM_OPS, LoweredGraph, lower_graph, seed_random_ops
+from aot2onnx.lower.seeds import reseed
 from aot2onnx.options import Options
 from aot2onnx.runtime.session import OrtGraph
+from aot2onnx.signature import LoweredGraph
 
 __all__ = ["backend", "aot2onnx_backend", "compile_fx"]
 
@@ -136,10 +136,13 @@ def _compile_graph(
     key = graph_key(graph, opset=options.opset, rules=list(user_rules())) if cache is not None else None
     cached = cache.load(key) if cache is not None else None
     if cached is not None:
-        # Only whole lowerings are stored, so a hit needs neither the registry nor the fallback check.
-        model = _reseeded(onnx.load_from_string(cached.model_bytes))
+        # Only whole lowerings are stored, so a hit needs neither the registry nor the fallback check, nor
+        # the lowering's imports (onnxscript, torch's exporter): a process that only hits starts faster.
+        model = reseed(onnx.load_from_string(cached.model_bytes))  # fresh seeds, as a new lowering gets
         lowered = LoweredGraph(model, cached.signature, cached.fx_node_count, len(model.graph.node))
         return _start_session(lowered, name, kind, device, options, capture_s, time.perf_counter() - start, "cache hit")
+    from aot2onnx.lower.translate import lower_graph
+
     registry = default_registry()
     if options.fallback and unsupported_targets(graph, registry, options.opset):
         def compile_partition(partition: torch.fx.GraphModule, partition_name: str) -> OrtGraph:
@@ -157,15 +160,6 @@ def _compile_graph(
     if cache is not None:
         cache.store(key, lowered.model.SerializeToString(), lowered.signature, lowered.fx_node_count)
     return _start_session(lowered, name, kind, device, options, capture_s, time.perf_counter() - start, "lowered")
-
-
-def _reseeded(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A cached model's random nodes get fresh seeds, as a new lowering would give them."""
-    if not any(node.op_type in RANDOM_OPS for node in model.graph.node):
-        return model
-    ir_model = ir.serde.deserialize_model(model)
-    seed_random_ops(ir_model)
-    return ir.serde.serialize_model(ir_model)
 
 
 def _start_session(

@@ -46,10 +46,10 @@ from aot2onnx.capture import decomposition_table
 from aot2onnx.capture.aot import PARTITIONERS
 from aot2onnx.errors import CaptureError
 from aot2onnx.lower.registry import default_registry
-from aot2onnx.lower.translate import LoweredGraph, lower_graph
+from aot2onnx.lower.translate import lower_graph
 from aot2onnx.optim import SGD, AdamW, Optimizer, ParamInfo, grad_name, updated_name
 from aot2onnx.options import DEFAULT_OPSET
-from aot2onnx.signature import InputKind, OutputKind
+from aot2onnx.signature import InputKind, LoweredGraph, OutputKind
 
 __all__ = ["TrainingArtifact", "export_training", "main"]
 

@@ -9,8 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import TYPE_CHECKING
 
-__all__ = ["InputKind", "OutputKind", "InputSpec", "OutputSpec", "GraphSignature"]
+if TYPE_CHECKING:
+    import onnx
+
+# ONNX ops whose nodes carry a seed: lowering seeds them, and a model from the cache is seeded afresh.
+RANDOM_OPS = frozenset(
+    {"Dropout", "RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike", "Bernoulli", "Multinomial"}
+)
+
+__all__ = ["InputKind", "OutputKind", "InputSpec", "OutputSpec", "GraphSignature", "LoweredGraph", "RANDOM_OPS"]
 
 
 class InputKind(enum.Enum):
@@ -51,3 +60,13 @@ class GraphSignature:
         return tuple(
             o.onnx_name for o in self.outputs if o.kind in (OutputKind.TENSOR, OutputKind.SYMINT)
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweredGraph:
+    """What lowering hands the runtime: the ONNX model and how to call it."""
+
+    model: onnx.ModelProto
+    signature: GraphSignature
+    fx_node_count: int
+    onnx_node_count: int

@@ -9,23 +9,29 @@ outputs, inputs returned as outputs, and one report of every unsupported op befo
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import operator
 from collections.abc import Sequence
 from typing import Any
 
-import onnx
 import onnx_ir as ir
 import onnxscript
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.onnx._internal.exporter import _building, _core, _fx_passes, _ir_passes, _tensors
 
 from aot2onnx.errors import LoweringError, UnsupportedOpError
 from aot2onnx.lower.registry import Registry, default_registry
-from aot2onnx.signature import GraphSignature, InputKind, InputSpec, OutputKind, OutputSpec
+from aot2onnx.lower.seeds import draw_seeds
+from aot2onnx.signature import (
+    RANDOM_OPS,
+    GraphSignature,
+    InputKind,
+    InputSpec,
+    LoweredGraph,
+    OutputKind,
+    OutputSpec,
+)
 
 __all__ = ["LoweredGraph", "RANDOM_OPS", "lower_graph", "seed_random_ops", "unsupported_nodes", "user_source_line"]
 
@@ -41,14 +47,6 @@ _EXPECTED_WARNINGS = {
 }
 for _logger_name, _prefix in _EXPECTED_WARNINGS.items():
     logging.getLogger(_logger_name).addFilter(lambda record, prefix=_prefix: not str(record.msg).startswith(prefix))
-
-
-@dataclasses.dataclass(frozen=True)
-class LoweredGraph:
-    model: onnx.ModelProto
-    signature: GraphSignature
-    fx_node_count: int
-    onnx_node_count: int
 
 
 def user_source_line(node: torch.fx.Node) -> str:
@@ -289,11 +287,6 @@ def lower_graph(
     return LoweredGraph(proto, GraphSignature(tuple(input_specs), tuple(output_specs)), fx_nodes, len(proto.graph.node))
 
 
-RANDOM_OPS = frozenset(
-    {"Dropout", "RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike", "Bernoulli", "Multinomial"}
-)
-
-
 def seed_random_ops(model: ir.Model) -> None:
     """Gives every random ONNX node a seed drawn from torch's default generator.
 
@@ -309,13 +302,7 @@ def seed_random_ops(model: ir.Model) -> None:
         for node in ir.traversal.RecursiveGraphIterator(graph)
         if node.domain in ("", "ai.onnx") and node.op_type in RANDOM_OPS
     ]
-    if not nodes:
-        return
-    # Compilation runs under Dynamo's fake tensor mode; the draw must use torch's real generator.
-    with unset_fake_temporarily():
-        # ONNX stores the seed as a float: stay below 2**24, where every integer is exact.
-        seeds = torch.randint(0, 2**24, (len(nodes),)).tolist()
-    for node, seed in zip(nodes, seeds):
+    for node, seed in zip(nodes, draw_seeds(len(nodes))):
         # Dropout's seed is an int; the other random ops take a float.
         attr = ir.AttrInt64("seed", seed) if node.op_type == "Dropout" else ir.AttrFloat32("seed", float(seed))
         node.attributes["seed"] = attr
