@@ -10,6 +10,11 @@ import torch
 
 __all__ = ["decomposition_table"]
 
+# Ops whose decompositions must not run inside AOTAutograd's trace. lift_fresh is how the tracer turns a
+# constant tensor made during tracing (x[[1, 2]] builds one) into a fake tensor; decomposing it first
+# hands the real constant to fake-tensor ops, which refuse it.
+_NEVER_DECOMPOSED = frozenset({"aten::lift_fresh", "aten::lift"})
+
 
 def decomposition_table(lowerable: Iterable[Any]) -> dict[torch._ops.OpOverload, Callable]:
     """PyTorch's decompositions, minus those of ops that have a lowering rule.
@@ -26,6 +31,8 @@ def decomposition_table(lowerable: Iterable[Any]) -> dict[torch._ops.OpOverload,
         torch.export.default_decompositions().items(), torch._decomp.decomposition_table.items()
     ):
         if not isinstance(op, torch._ops.OpOverload) or op.name() in keep or op in table:
+            continue
+        if op.name() in _NEVER_DECOMPOSED:
             continue
         table[op] = fn
     return table

@@ -18,6 +18,7 @@ import onnx_ir as ir
 import onnxscript
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.onnx._internal.exporter import _building, _core, _fx_passes, _ir_passes, _tensors
 
 from aot2onnx.errors import LoweringError, UnsupportedOpError
@@ -279,11 +280,14 @@ def lower_graph(
 
     _ir_passes.add_opset_imports(model)
     seed_random_ops(model)
-    if optimize:
-        onnxscript.optimizer.optimize_ir(model)
-    if opset != 18:
-        onnxscript.version_converter.convert_version(model, opset, fallback=True)
-    proto = ir.serde.serialize_model(model)
+    # Constants of the graph (get_attr) are real tensors; lowering runs under AOTAutograd's fake mode,
+    # which refuses them when the optimizer or the serializer reads their data.
+    with unset_fake_temporarily():
+        if optimize:
+            onnxscript.optimizer.optimize_ir(model)
+        if opset != 18:
+            onnxscript.version_converter.convert_version(model, opset, fallback=True)
+        proto = ir.serde.serialize_model(model)
     return LoweredGraph(proto, GraphSignature(tuple(input_specs), tuple(output_specs)), fx_nodes, len(proto.graph.node))
 
 

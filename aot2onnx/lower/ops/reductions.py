@@ -67,7 +67,9 @@ def aten_amin(self, dim: Sequence[int] = (), keepdim: bool = False):
 def prims_prod(inp, dims: Sequence[int] | None, output_dtype: int = -1):
     """prod(Tensor inp, int[]? dims, *, ScalarType? output_dtype=None) -> Tensor"""
     if output_dtype not in (-1, None):
-        inp = op.Cast(inp, to=output_dtype)
+        cast = op.Cast(inp, to=output_dtype)
+        cast.shape, cast.dtype = inp.shape, ir.DataType(output_dtype)
+        inp = cast
     if len(inp.shape) == 0:
         return op.Identity(inp)
     return op.ReduceProd(inp, op.Constant(value_ints=_axes(dims, len(inp.shape))), keepdims=0)
@@ -147,7 +149,9 @@ def aten_cummin(self, dim: int):
 def aten_cumprod(self, dim: int, dtype: int = -1):
     """cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor"""
     if dtype not in (-1, None):
-        self = op.Cast(self, to=dtype)
+        cast = op.Cast(self, to=dtype)
+        cast.shape, cast.dtype = self.shape, ir.DataType(dtype)
+        self = cast
     if len(self.shape) == 0:
         return op.Identity(self)
     x, inverse = _to_last(self, dim)
