@@ -25,11 +25,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
-import onnxscript
 import torch
 from onnxscript import opset18 as op
-from torch.onnx._internal.exporter import _building
 
+from aot2onnx.lower.ops._control import loop
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -495,30 +494,9 @@ def _sorted_columns(values, vectors: M, descending: bool):
 
 
 def _loop(trip_count: int, carried: list, body):
-    """``carried = body(*carried)``, ``trip_count`` times, as one ONNX Loop (its body built once).
-
-    Unrolled, the Jacobi sweeps make graphs of thousands of nodes, which the ONNX optimizer takes minutes
-    over; a Loop keeps one sweep's nodes. The body may read values of the enclosing graph.
-    """
-    outer = onnxscript.evaluator.default()
-    recorder = _building.OpRecorder(outer.opset, {})
-    iteration = ir.Value(name=None, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
-    condition = ir.Value(name=None, type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
-    inputs = [ir.Value(name=None, type=ir.TensorType(v.dtype or _DOUBLE)) for v in carried]
-    with onnxscript.evaluator.default_as(recorder):
-        outputs = [op.Identity(v) for v in body(*inputs)]
-        keep_going = op.Identity(condition)
-    for output, value in zip(outputs, inputs):
-        output.dtype = value.dtype
-    keep_going.dtype = ir.DataType.BOOL
-    graph = ir.Graph([iteration, condition, *inputs], [keep_going, *outputs], nodes=recorder.nodes, name="sweep")
-    # The node is built directly: the exporter's recorder cannot bind Loop's variadic inputs.
-    loop = ir.node("Loop", [op.Constant(value_int=trip_count), None, *carried], attributes={"body": graph},
-                   num_outputs=len(carried))
-    outer.nodes.append(loop)
-    for result, value in zip(loop.outputs, carried):
-        result.dtype = value.dtype or _DOUBLE
-    return list(loop.outputs)
+    for value in carried:
+        value.dtype = value.dtype or _DOUBLE
+    return loop(trip_count, carried, body)
 
 
 def _eigh(a: M, lower: bool):

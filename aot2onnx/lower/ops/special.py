@@ -21,6 +21,7 @@ import torch
 from onnxscript import opset18 as op
 
 from aot2onnx.lower.ops import _cephes as C
+from aot2onnx.lower.ops._control import loop
 from aot2onnx.lower.registry import project_rule
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -331,6 +332,8 @@ def zeta(x: D, q: D) -> D:
     last = op.Constant(value_ints=[-1])
     # The loop stops at the first i >= 9 with q + i > 9.
     steps = op.Max(_const(9.0), op.Add(op.Floor(op.Sub(_const(9.0), q.v)), _const(1.0)))
+    # q = -inf or NaN would ask for endless terms (ATen's result there is inf or NaN whatever the count).
+    steps = op.Where(op.IsNaN(steps), _const(9.0), op.Min(steps, _const(float(2**20))))
     count = op.ReduceMax(steps, keepdims=0)
     k = op.Range(_const(0.0), op.Add(count, _const(1.0)), _const(1.0))  # 0..count
     qk = op.Add(op.Unsqueeze(q.v, last), k)  # [..., K]
@@ -537,6 +540,112 @@ def airy_ai(x: D) -> D:
     return where(isinf(x), math.nan, result)
 
 
+# --- orthogonal polynomials ------------------------------------------------------------------------------
+
+
+def acos(x: D) -> D:
+    """acos in float64: float32's Acos refined by two Newton steps on cos(t) = x (valid for |x| < 1)."""
+    t = D(op.Cast(op.Acos(op.Cast(x.v, to=ir.DataType.FLOAT)), to=ir.DataType.DOUBLE))
+    for _ in range(2):
+        sine = sin(t)
+        t = where(sine.eq(0.0), t, t + (cos(t) - x) / sine)
+    return t
+
+
+def _degree(n: D) -> D:
+    """ATen's static_cast<int64_t>(n): truncation (inf and NaN give -1, as the polynomials treat them)."""
+    return where(either(isnan(n), isinf(n)), -1.0, trunc(n))
+
+
+def _even(n: D):
+    return (n - 2.0 * floor(n / 2.0)).eq(0.0)
+
+
+def _recurrence(n: D, first: D, step) -> D:
+    """ATen's loop: p_0 = 1, p_1 = first, p_(j+1) = step(j, p_(j-1), p_j); the value at degree n."""
+    one = D(op.Expand(_const(1.0), op.Shape(first.v)))
+    count = op.Cast(op.Max(op.Sub(op.ReduceMax(n.v, keepdims=0), _const(1.0)), _const(0.0)), to=ir.DataType.INT64)
+    initial = where(n.eq(0.0), one, where(n.eq(1.0), first, 0.0))
+
+    def body(i, p, q, result):
+        j = D(op.Add(op.Cast(i, to=ir.DataType.DOUBLE), _const(1.0)))
+        r = step(j, D(p), D(q))
+        return q, r.v, where(n.eq(j + 1.0), r, D(result)).v
+
+    for value in (one.v, first.v, initial.v):
+        value.dtype = ir.DataType.DOUBLE
+    _, _, result = loop(count, [one.v, first.v, initial.v], body, iteration=True)
+    result.dtype = ir.DataType.DOUBLE
+    return where(n < 0.0, 0.0, D(result))
+
+
+def _first_match(default: D, cases) -> D:
+    """The value of the first (condition, value) that holds, else default: ATen's chain of early returns."""
+    result = default
+    for condition, value in reversed(cases):
+        result = where(condition, value, result)
+    return result
+
+
+def _chebyshev(kind: str, x: D, n: D, shifted: bool) -> D:
+    n = _degree(n)
+    y = 2.0 * x - 1.0 if shifted else x
+    first = {"t": y, "u": 2.0 * y, "v": 2.0 * y - 1.0, "w": 2.0 * y + 1.0}[kind]
+    value = _recurrence(n, first, lambda j, p, q: 2.0 * y * q - p)
+    theta = acos(where(fabs(y) < 1.0, y, 0.0))
+    odd_sign = where(_even(n), 1.0, -1.0)
+    if kind == "t":
+        trig = cos(n * theta)
+        ends = [(x.eq(1.0), 1.0), (x.eq(0.0), odd_sign)] if shifted else [(fabs(x).eq(1.0), where(either(x > 0.0, _even(n)), 1.0, -1.0))]
+        threshold = 6
+    elif kind == "u":
+        sine = sin(theta)
+        trig = where(sine.eq(0.0), (n + 1.0) * cos((n + 1.0) * theta) / y, sin((n + 1.0) * theta) / sine)
+        ends = [(x.eq(1.0), n + 1.0), (x.eq(0.0), odd_sign * (n + 1.0))] if shifted else [
+            (fabs(x).eq(1.0), where(either(x > 0.0, _even(n)), n + 1.0, -(n + 1.0)))]
+        threshold = 6 if shifted else 8
+    elif kind == "v":
+        half = theta / 2.0
+        trig = where(sin(half).eq(1.0), odd_sign * (2.0 * n + 1.0), cos((n + 0.5) * theta) / cos(half))
+        ends = [(x.eq(1.0), 1.0), (x.eq(0.0), odd_sign * (2.0 * n + 1.0))] if shifted else [
+            (fabs(x).eq(1.0), where(x > 0.0, 1.0, odd_sign * (2.0 * n + 1.0)))]
+        threshold = 6 if shifted else 8
+    else:
+        half = theta / 2.0
+        at_end = odd_sign if shifted else where(x > 0.0, 2.0 * n + 1.0, odd_sign)
+        trig = where(cos(half).eq(1.0), at_end, sin((n + 0.5) * theta) / sin(half))
+        ends = [(x.eq(1.0), 2.0 * n + 1.0), (x.eq(0.0), odd_sign)] if shifted else [
+            (fabs(x).eq(1.0), where(x > 0.0, 2.0 * n + 1.0, odd_sign))]
+        threshold = 4 if shifted else 8
+    cases = [(n < 0.0, 0.0), *ends, (both(n > float(threshold), fabs(y) < 1.0), trig)]
+    return _first_match(value, cases)
+
+
+def hermite_h(x: D, n: D, limit: int) -> D:
+    n = _degree(n)
+    value = _recurrence(n, 2.0 * x, lambda j, p, q: 2.0 * x * q - 2.0 * j * p)
+    return _first_match(value, [(n < 0.0, 0.0), (n > float(limit), math.nan)])
+
+
+def hermite_he(x: D, n: D, limit: int) -> D:
+    n = _degree(n)
+    value = _recurrence(n, x, lambda j, p, q: x * q - j * p)
+    return _first_match(value, [(n < 0.0, 0.0), (n > float(limit), math.nan)])
+
+
+def laguerre_l(x: D, n: D) -> D:
+    n = _degree(n)
+    value = _recurrence(n, 1.0 - x, lambda j, p, q: ((2.0 * j + 1.0 - x) * q - j * p) / (j + 1.0))
+    return _first_match(value, [(n < 0.0, 0.0), (fabs(x).eq(0.0), 1.0)])
+
+
+def legendre_p(x: D, n: D) -> D:
+    n = _degree(n)
+    value = _recurrence(n, x, lambda j, p, q: ((2.0 * j + 1.0) * x * q - j * p) / (j + 1.0))
+    ends = where(either(x > 0.0, _even(n)), 1.0, -1.0)
+    return _first_match(value, [(n < 0.0, 0.0), (fabs(x).eq(1.0), ends)])
+
+
 # --- rules ---------------------------------------------------------------------------------------------
 
 
@@ -607,3 +716,35 @@ def aten_special_zeta(self, other):
 def prims_zeta(self, other):
     """zeta(Tensor self, Tensor other) -> Tensor"""
     return _zeta_rule(self, other)
+
+
+def _polynomial_rule(target, function):
+    def rule(x, n):
+        return _lowered(function, x, n)
+
+    rule.__name__ = rule.__qualname__ = f"aten_{target._schema.name.split('::')[1]}"
+    rule.__doc__ = str(target._schema)
+    project_rule(target)(rule)
+
+
+for _kind in "tuvw":
+    _polynomial_rule(getattr(aten, f"special_chebyshev_polynomial_{_kind}").default,
+                     lambda x, n, kind=_kind: _chebyshev(kind, x, n, shifted=False))
+    _polynomial_rule(getattr(aten, f"special_shifted_chebyshev_polynomial_{_kind}").default,
+                     lambda x, n, kind=_kind: _chebyshev(kind, x, n, shifted=True))
+_polynomial_rule(aten.special_laguerre_polynomial_l.default, laguerre_l)
+_polynomial_rule(aten.special_legendre_polynomial_p.default, legendre_p)
+
+
+@project_rule(aten.special_hermite_polynomial_h.default)
+def aten_special_hermite_polynomial_h(x, n):
+    """special_hermite_polynomial_h(Tensor x, Tensor n) -> Tensor"""
+    limit = 512 if x.dtype == ir.DataType.DOUBLE else 128  # ATen's getHermitianLimit: NaN above it
+    return _lowered(lambda x, n: hermite_h(x, n, limit), x, n)
+
+
+@project_rule(aten.special_hermite_polynomial_he.default)
+def aten_special_hermite_polynomial_he(x, n):
+    """special_hermite_polynomial_he(Tensor x, Tensor n) -> Tensor"""
+    limit = 512 if x.dtype == ir.DataType.DOUBLE else 128
+    return _lowered(lambda x, n: hermite_he(x, n, limit), x, n)
