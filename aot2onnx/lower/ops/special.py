@@ -334,7 +334,7 @@ def zeta(x: D, q: D) -> D:
     steps = op.Max(_const(9.0), op.Add(op.Floor(op.Sub(_const(9.0), q.v)), _const(1.0)))
     # q = -inf or NaN would ask for endless terms (ATen's result there is inf or NaN whatever the count).
     steps = op.Where(op.IsNaN(steps), _const(9.0), op.Min(steps, _const(float(2**20))))
-    count = op.ReduceMax(steps, keepdims=0)
+    count = op.Max(op.ReduceMax(steps, keepdims=0), _const(9.0))  # (an empty input reduces to -inf)
     k = op.Range(_const(0.0), op.Add(count, _const(1.0)), _const(1.0))  # 0..count
     qk = op.Add(op.Unsqueeze(q.v, last), k)  # [..., K]
     inside = op.LessOrEqual(k, op.Unsqueeze(steps, last))
