@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
@@ -162,3 +163,29 @@ def aten_diagonal_scatter(self, src, offset: int = 0, dim1: int = 0, dim2: int =
     updates = op.Transpose(src, perm=[rank - 2] + list(range(rank - 2)))  # the diagonal's axis first
     scattered = op.ScatterND(op.Transpose(self, perm=perm), op.Constant(value=ir.tensor(positions, dtype=ir.DataType.INT64)), updates)
     return op.Transpose(scattered, perm=inverse)
+
+
+@project_rule(aten.unique_consecutive.default)
+def aten_unique_consecutive(self, return_inverse: bool = False, return_counts: bool = False, dim: int | None = None):
+    """unique_consecutive(Tensor self, bool return_inverse=False, bool return_counts=False, int? dim=None) -> (Tensor, Tensor, Tensor)"""
+    if dim is not None:
+        raise NotImplementedError("unique_consecutive along a dim")
+    flat = _flat(self)
+    n = op.Shape(flat)
+    zero, one = op.Constant(value_ints=[0]), op.Constant(value_ints=[1])
+    # An element starts a run where it differs from the one before it (the first always does).
+    previous = op.Slice(flat, zero, op.Sub(n, one))
+    current = op.Slice(flat, one, n)
+    starts = op.Concat(op.Constant(value=ir.tensor([True])), op.Not(op.Equal(current, previous)), axis=0)
+    starts = op.Slice(starts, zero, n)  # an empty input has no first element
+    values = op.Compress(flat, starts, axis=0)
+    empty = op.Constant(value=ir.tensor(np.zeros((0,), dtype=np.int64)))
+    inverse = op.Reshape(op.Sub(op.CumSum(op.Cast(starts, to=ir.DataType.INT64), op.Constant(value_int=0)), op.Constant(
+        value_int=1)), op.Shape(self)) if return_inverse else empty
+    if return_counts:
+        first = op.Reshape(op.NonZero(starts), op.Constant(value_ints=[-1]))
+        ends = op.Concat(op.Slice(first, one, op.Constant(value_ints=[2**62])), n, axis=0)
+        counts = op.Sub(ends, first)
+    else:
+        counts = op.Identity(empty)
+    return values, inverse, counts

@@ -106,3 +106,44 @@ def aten__efficientzerotensor(
         one = op.Constant(value_ints=[1])
         shape = op.Concat(*[op.Reshape(op.Cast(d, to=ir.DataType.INT64), one) for d in size], axis=0)
     return op.ConstantOfShape(shape, value=ir.tensor([0], dtype=data_type))
+
+
+@project_rule(aten.empty_permuted.default)
+def aten_empty_permuted(size: Sequence[int], physical_layout: Sequence[int], dtype: int = -1, layout: str = "",
+                        device: str = "", pin_memory: bool = False):
+    """empty_permuted(SymInt[] size, int[] physical_layout, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
+    # ONNX tensors have no memory layout, and empty's values are unspecified: zeros of the logical size.
+    return aten__efficientzerotensor(size, dtype)
+
+
+_MANTISSA_BITS = {ir.DataType.FLOAT: 23, ir.DataType.DOUBLE: 52}
+_MIN_EXPONENT = {ir.DataType.FLOAT: -126, ir.DataType.DOUBLE: -1022}
+
+
+@project_rule(prims.nextafter.default)
+def prims_nextafter(self, other):
+    """nextafter(Tensor self, Tensor other) -> Tensor"""
+    # The next representable number after x toward y, from the spacing of x's binade: 2**(e - mantissa
+    # bits), halved when stepping down from an exact power of two toward zero; the smallest subnormal
+    # below the normal range. Computed in float64, where every step of float32 is exact.
+    if self.dtype not in _MANTISSA_BITS:
+        raise NotImplementedError(f"nextafter for {self.dtype}")
+    bits, min_exponent = _MANTISSA_BITS[self.dtype], _MIN_EXPONENT[self.dtype]
+    x, y = op.Cast(self, to=ir.DataType.DOUBLE), op.Cast(other, to=ir.DataType.DOUBLE)
+    a = op.Abs(x)
+    two = _double(2.0)
+    safe = op.Where(op.Greater(a, _double(0.0)), a, _double(1.0))
+    e = op.Floor(op.Div(op.Log(safe), _double(0.6931471805599453)))
+    e = op.Where(op.Greater(op.Pow(two, e), safe), op.Sub(e, _double(1.0)), e)
+    e = op.Where(op.LessOrEqual(op.Pow(two, op.Add(e, _double(1.0))), safe), op.Add(e, _double(1.0)), e)
+    e = op.Max(e, _double(float(min_exponent)))  # subnormals share the smallest normal binade's spacing
+    spacing = op.Pow(two, op.Sub(e, _double(float(bits))))
+    toward_zero = op.Less(op.Mul(x, op.Sub(y, x)), _double(0.0))
+    power_of_two = op.And(op.Equal(a, op.Pow(two, e)), op.Greater(e, _double(float(min_exponent))))
+    spacing = op.Where(op.And(toward_zero, power_of_two), op.Div(spacing, two), spacing)
+    step = op.Where(op.Greater(y, x), spacing, op.Neg(spacing))
+    smallest = op.Pow(two, _double(float(min_exponent - bits)))
+    result = op.Where(op.Equal(x, _double(0.0)), op.Where(op.Greater(y, x), smallest, op.Neg(smallest)), op.Add(x, step))
+    result = op.Where(op.Equal(x, y), y, result)
+    result = op.Where(op.Or(op.IsNaN(x), op.IsNaN(y)), op.Add(x, y), result)
+    return op.CastLike(result, self)

@@ -322,3 +322,70 @@ def aten_min_dim(self, dim: int, keepdim: bool = False):
     if len(self.shape) == 0:
         return op.Identity(self), op.Constant(value_int=0)
     return _extremum(op.ReduceMin, self, [dim], keepdim), _arg_extremum(torchlib_core.aten_argmin, self, dim, keepdim)
+
+
+@project_rule(aten.histogram.bin_ct)
+def aten_histogram_bin_ct(self, bins: int = 100, range: Sequence[float] | None = None, weight=None,
+                          density: bool = False):
+    """histogram.bin_ct(Tensor self, int bins=100, *, float[]? range=None, Tensor? weight=None, bool density=False) -> (Tensor hist, Tensor bin_edges)"""
+    x = op.Reshape(self, op.Constant(value_ints=[-1]))
+    if range:
+        left, right = op.CastLike(float(range[0]), x), op.CastLike(float(range[1]), x)
+    else:
+        left, right = op.ReduceMin(x, keepdims=0), op.ReduceMax(x, keepdims=0)
+    # An empty range is widened by 0.5 on each side, as numpy and ATen do.
+    same = op.Equal(left, right)
+    half = op.CastLike(0.5, x)
+    left, right = op.Where(same, op.Sub(left, half), left), op.Where(same, op.Add(right, half), right)
+    steps = op.CastLike(op.Range(op.Constant(value_int=0), op.Constant(value_int=bins + 1), op.Constant(value_int=1)), x)
+    edges = op.Add(left, op.Mul(op.Sub(right, left), op.Div(steps, op.CastLike(float(bins), x))))
+    # ATen's bin: (x - left) / (right - left) * bins, moved by one where it lands across an edge; the right
+    # edge belongs to the last bin; values outside [left, right] are not counted.
+    position = op.Cast(op.Floor(op.Mul(op.Div(op.Sub(x, left), op.Sub(right, left)), op.CastLike(float(bins), x))),
+                       to=ir.DataType.INT64)
+    position = op.Min(op.Max(position, op.Constant(value_int=0)), op.Constant(value_int=bins - 1))
+    lower = op.Gather(edges, position, axis=0)
+    upper = op.Gather(edges, op.Add(position, op.Constant(value_int=1)), axis=0)
+    position = op.Where(op.Less(x, lower), op.Sub(position, op.Constant(value_int=1)), position)
+    position = op.Where(op.And(op.GreaterOrEqual(x, upper), op.Less(position, op.Constant(value_int=bins - 1))),
+                        op.Add(position, op.Constant(value_int=1)), position)
+    inside = op.And(op.GreaterOrEqual(x, left), op.LessOrEqual(x, right))
+    position = op.Where(inside, position, op.Constant(value_int=bins))  # an extra bin, dropped below
+    counts = op.CastLike(op.Expand(op.Constant(value_float=1.0), op.Shape(x)), x) if weight is None else op.Reshape(
+        weight, op.Constant(value_ints=[-1]))
+    hist = op.ScatterElements(op.CastLike(op.ConstantOfShape(op.Constant(value_ints=[bins + 1])), x), position, counts,
+                              axis=0, reduction="add")
+    hist = op.Slice(hist, op.Constant(value_ints=[0]), op.Constant(value_ints=[bins]), op.Constant(value_ints=[0]))
+    if density:
+        widths = op.Sub(op.Slice(edges, op.Constant(value_ints=[1]), op.Constant(value_ints=[bins + 1])),
+                        op.Slice(edges, op.Constant(value_ints=[0]), op.Constant(value_ints=[bins])))
+        hist = op.Div(hist, op.Mul(op.ReduceSum(hist, keepdims=0), widths))
+    return hist, edges
+
+
+@project_rule(aten.histogram.bins_tensor)
+def aten_histogram_bins_tensor(self, bins, weight=None, density: bool = False):
+    """histogram.bins_tensor(Tensor self, Tensor bins, *, Tensor? weight=None, bool density=False) -> (Tensor hist, Tensor bin_edges)"""
+    x = op.Reshape(self, op.Constant(value_ints=[-1]))
+    count = bins.shape[0] - 1 if bins.shape is not None and isinstance(bins.shape[0], int) else None
+    if count is None:
+        raise NotImplementedError("histogram with a symbolic number of bins")
+    # A value's bin is the last edge at or below it; the last edge itself belongs to the last bin.
+    at_or_below = op.LessOrEqual(op.Unsqueeze(bins, op.Constant(value_ints=[0])), op.Unsqueeze(x, op.Constant(value_ints=[1])))
+    position = op.Sub(op.ReduceSum(op.Cast(at_or_below, to=ir.DataType.INT64), op.Constant(value_ints=[1]), keepdims=0),
+                      op.Constant(value_int=1))
+    position = op.Min(position, op.Constant(value_int=count - 1))
+    first = op.Gather(bins, op.Constant(value_int=0), axis=0)
+    last = op.Gather(bins, op.Constant(value_int=count), axis=0)
+    inside = op.And(op.GreaterOrEqual(x, first), op.LessOrEqual(x, last))
+    position = op.Where(inside, position, op.Constant(value_int=count))
+    weights = op.CastLike(op.Expand(op.Constant(value_float=1.0), op.Shape(x)), x) if weight is None else op.Reshape(
+        weight, op.Constant(value_ints=[-1]))
+    hist = op.ScatterElements(op.CastLike(op.ConstantOfShape(op.Constant(value_ints=[count + 1])), x), position, weights,
+                              axis=0, reduction="add")
+    hist = op.Slice(hist, op.Constant(value_ints=[0]), op.Constant(value_ints=[count]), op.Constant(value_ints=[0]))
+    if density:
+        widths = op.Sub(op.Slice(bins, op.Constant(value_ints=[1]), op.Constant(value_ints=[count + 1])),
+                        op.Slice(bins, op.Constant(value_ints=[0]), op.Constant(value_ints=[count])))
+        hist = op.Div(hist, op.Mul(op.ReduceSum(hist, keepdims=0), widths))
+    return hist, op.Identity(bins)
