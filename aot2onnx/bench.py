@@ -960,7 +960,7 @@ def _rss_gap(name: str, mine: dict[str, Any], eager: dict[str, Any]) -> str:
     a, e = _rss_steps(mine), _rss_steps(eager)
     if a and e:
         text += (f"; from the same start ({a[0]:.0f} MiB: torch, the model, the batch), aot2onnx adds "
-                 f"{a[1]:.0f} MiB of imports at `torch.compile` (eager {e[1]:.0f}), {a[2]:.0f} over compilation "
+                 f"{a[1]:.0f} MiB of imports in the setup (`torch.compile`, the optimizer; eager {e[1]:.0f}), {a[2]:.0f} over compilation "
                  f"and the first step (eager {e[2]:.0f}) and {a[3]:.0f} in the later steps (eager {e[3]:.0f})")
     return text + "."
 
@@ -1029,8 +1029,8 @@ def render_markdown(results: dict[str, Any], chart: str | None = None) -> str:
                        f"{_first_step(e, 'cold')} | {warm} | {'-' if rss is None else f'{rss:.0f}'} |")
         rss = [(c, _rss_steps(m["contenders"][c].get("cold", {}))) for c in contenders]
         if any(r for _, r in rss):
-            out += ["", "| RSS of each fresh process, MiB | at start (torch, model, batch) | + torch.compile "
-                    "(imports) | + compilation and first step | + later steps |", "|---|---:|---:|---:|---:|"]
+            out += ["", "| RSS of each fresh process, MiB | at start (torch, model, batch) | + setup: "
+                    "torch.compile or not, SGD (imports) | + compilation and first step | + later steps |", "|---|---:|---:|---:|---:|"]
             out += [f"| {c} | " + " | ".join(f"{v:.0f}" for v in r) + " |" for c, r in rss if r]
         if m.get("aot2onnx_to_inductor"):
             out += ["", f"aot2onnx / inductor, median of per-round ratios: {_ratio(m['aot2onnx_to_inductor'])}."]
@@ -1120,10 +1120,11 @@ def write_chart(results: dict[str, Any], path: str) -> str | None:
             lows.append(r["median"] - r["min"])
             highs.append(r["max"] - r["median"])
         ax.bar(xs, heights, width, yerr=[lows, highs], capsize=3, label=contender,
-               color=colors.get(contender))
+               color=colors.get(contender), error_kw={"ecolor": "#444444", "elinewidth": 1})
         for xpos, h, hi in zip(xs, heights, highs):
-            ax.text(xpos, h + hi, f"{h:.2f}", ha="center", va="bottom", fontsize=7)
-            top = max(top, 1.12 * (h + hi))
+            ax.text(xpos, h, f"{h:.2f}", ha="center", va="bottom", fontsize=7,
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})
+            top = max(top, 1.08 * (h + hi))
     ax.axhline(1.0, color="black", linewidth=1, label="eager")
     if "aot2onnx" in contenders:
         ax.axhline(0.75, color="#2ca02c", linewidth=1, linestyle="--", label="target 0.75 (geomean)")
@@ -1132,7 +1133,9 @@ def write_chart(results: dict[str, Any], path: str) -> str | None:
     ax.set_xticklabels([m["name"] for m in models])
     ax.set_ylabel("step time / eager's (median of rounds)")
     m = results["machine"]
-    ax.set_title(f"Training step relative to eager ({m['threads']} threads, {m['cpu']})", fontsize=9)
+    noise = [v for x in models for v in (x.get("others_cores_rounds"), x.get("others_cores_fresh")) if v is not None]
+    busy = " - machine busy, noisy" if noise and max(noise) > BUSY_CORES else ""
+    ax.set_title(f"Training step relative to eager ({m['threads']} threads, {m['cpu']}){busy}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
