@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
@@ -10,6 +11,8 @@ from onnxscript import opset18 as op
 from torch.onnx._internal.exporter import _building
 
 __all__ = ["loop"]
+
+_bodies = itertools.count()
 
 
 def loop(trip_count: int | ir.Value, carried: Sequence[ir.Value], body: Callable, *, iteration: bool = False) -> list[ir.Value]:
@@ -31,7 +34,14 @@ def loop(trip_count: int | ir.Value, carried: Sequence[ir.Value], body: Callable
     for output, value in zip(outputs, inputs):
         output.dtype = value.dtype
     keep_going.dtype = ir.DataType.BOOL
-    graph = ir.Graph([counter, condition, *inputs], [keep_going, *outputs], nodes=recorder.nodes, name="loop_body")
+    # Names must be unique across the model and its subgraphs (SSA), and onnx_ir names unnamed values
+    # per graph: name the body's values here.
+    prefix = f"loop{next(_bodies)}"
+    for i, value in enumerate([counter, condition, *inputs]):
+        value.name = f"{prefix}_in{i}"
+    for i, value in enumerate(v for node in recorder.nodes for v in node.outputs):
+        value.name = f"{prefix}_{i}"
+    graph = ir.Graph([counter, condition, *inputs], [keep_going, *outputs], nodes=recorder.nodes, name=prefix)
     if isinstance(trip_count, int):
         trip_count = op.Constant(value_int=trip_count)
     # The node is built directly: the exporter's recorder cannot bind Loop's variadic inputs.

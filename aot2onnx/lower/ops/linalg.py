@@ -119,31 +119,56 @@ def _triangle(a: M, lower: bool, diagonal: int = 0) -> M:
 # --- triangular solves ---------------------------------------------------------------------------------
 
 
-def _solve_lower(t: M, b: M, unit: bool) -> M:
-    """X with t X = b for lower-triangular t, by forward substitution (rows of X built one by one)."""
-    if t.rows == 0:
-        return b
-    rows = []
-    for i in range(t.rows):
-        acc = b.row(i)  # [..., k]
-        for j in range(i):
-            acc = op.Sub(acc, op.Mul(_last(t.entry(i, j)), rows[j]))
-        rows.append(acc if unit else op.Div(acc, _last(t.entry(i, i))))
-    return M(_stack(rows, -2), max(t.rank, b.rank), t.rows, b.cols)
+def _positions(n: int) -> ir.Value:
+    return op.Constant(value=ir.tensor(np.arange(n, dtype=np.int64)))
 
 
-def _solve_upper(t: M, b: M, unit: bool) -> M:
-    """X with t X = b for upper-triangular t, by back substitution."""
+def _int32(value: int) -> ir.Value:
+    return op.Constant(value=ir.tensor(np.int32(value)))
+
+
+def _zeros_like_solution(t: M, b: M):
+    """Zeros of the shape of X in t X = b: the broadcast batch of t and b, then b's rows and columns."""
+    shape = op.Shape(op.Expand(b.v, op.Concat(op.Shape(t.v, end=-2), op.Shape(b.v, start=-2), axis=0)))
+    return op.ConstantOfShape(shape, value=ir.tensor(np.zeros(1, dtype=np.float64)))
+
+
+def _substitute(t: M, b: M, unit: bool, upper: bool) -> M:
+    """X with t X = b for triangular t: row i of X from the rows already solved, one row per iteration.
+
+    Only the strictly lower (upper) part of t is read, besides the diagonal.
+    """
     n = t.rows
     if n == 0:
         return b
-    rows: list = [None] * n
-    for i in range(n - 1, -1, -1):
-        acc = b.row(i)
-        for j in range(i + 1, n):
-            acc = op.Sub(acc, op.Mul(_last(t.entry(i, j)), rows[j]))
-        rows[i] = acc if unit else op.Div(acc, _last(t.entry(i, i)))
-    return M(_stack(rows, -2), max(t.rank, b.rank), n, b.cols)
+    if b.cols == 0:  # nothing to solve; a Loop over empty rows trips ONNX shape inference
+        return M(_zeros_like_solution(t, b), max(t.rank, b.rank), n, 0)
+    positions, rows = _positions(n), op.Constant(value=ir.tensor(np.arange(n, dtype=np.int64).reshape(n, 1)))
+
+    def step(i, x):
+        index = op.Sub(op.Constant(value_int=n - 1), i) if upper else i
+        row = op.Gather(t.v, index, axis=-2)  # [..., n]
+        solved = op.Greater(positions, index) if upper else op.Less(positions, index)
+        row = op.Where(solved, row, _const(0.0))
+        acc = op.Sub(op.Gather(b.v, index, axis=-2), op.Squeeze(op.MatMul(op.Unsqueeze(row, _ints([-2])), x), _ints([-2])))
+        if not unit:
+            acc = op.Div(acc, _last(op.Gather(op.Gather(t.v, index, axis=-2), index, axis=-1)))
+        return [op.Where(op.Equal(rows, index), op.Unsqueeze(acc, _ints([-2])), x)]
+
+    x0 = _zeros_like_solution(t, b)
+    x0.dtype = _DOUBLE
+    (x,) = loop(n, [x0], step, iteration=True)
+    return M(x, max(t.rank, b.rank), n, b.cols)
+
+
+def _solve_lower(t: M, b: M, unit: bool) -> M:
+    """X with t X = b for lower-triangular t (forward substitution)."""
+    return _substitute(t, b, unit, upper=False)
+
+
+def _solve_upper(t: M, b: M, unit: bool) -> M:
+    """X with t X = b for upper-triangular t (back substitution)."""
+    return _substitute(t, b, unit, upper=True)
 
 
 def _solve_triangular(t: M, b: M, upper: bool, left: bool, unit: bool) -> M:
@@ -174,20 +199,28 @@ def aten_triangular_solve(self, A, upper: bool = True, transpose: bool = False, 
 def _cholesky_lower(a: M):
     """The lower Cholesky factor from a's lower triangle, and LAPACK's info (the first non-positive pivot)."""
     n = a.rows
-    rows_at_or_below = [_const((np.arange(n) >= j).astype(np.float64)) for j in range(n)]
-    columns, info = [], None
-    for j in range(n):
-        s = a.col(j)
-        for k in range(j):
-            s = op.Sub(s, op.Mul(columns[k], _last(op.Gather(columns[k], op.Constant(value_int=j), axis=-1))))
-        pivot = op.Gather(s, op.Constant(value_int=j), axis=-1)
-        failed = op.Not(op.Greater(pivot, _const(0.0)))  # also NaN
-        step = op.Where(failed, op.Constant(value=ir.tensor(np.int32(j + 1))), op.Constant(value=ir.tensor(np.int32(0))))
-        info = step if info is None else op.Where(op.Equal(info, op.Constant(value=ir.tensor(np.int32(0)))), step, info)
-        columns.append(op.Mul(op.Div(s, _last(op.Sqrt(pivot))), rows_at_or_below[j]))
     if n == 0:
-        return a, op.Constant(value=ir.tensor(np.int32(0)))
-    return a.like(_stack(columns, -1)), info
+        return a, op.Expand(_int32(0), op.Shape(a.v, end=-2))
+    positions = _positions(n)
+
+    def step(j, factor, info):
+        # Column j: a[:, j] minus what the columns before it account for, scaled by the pivot's root.
+        s = op.Sub(op.Gather(a.v, j, axis=-1),
+                   op.Squeeze(op.MatMul(factor, op.Unsqueeze(op.Gather(factor, j, axis=-2), _ints([-1]))), _ints([-1])))
+        pivot = op.Gather(s, j, axis=-1)
+        column = op.Where(op.GreaterOrEqual(positions, j), op.Div(s, _last(op.Sqrt(pivot))), _const(0.0))
+        factor = op.Where(op.Equal(positions, j), op.Unsqueeze(column, _ints([-1])), factor)
+        failed = op.And(op.Equal(info, _int32(0)), op.Not(op.Greater(pivot, _const(0.0))))
+        info = op.Where(failed, op.Cast(op.Add(j, op.Constant(value_int=1)), to=ir.DataType.INT32), info)
+        return [factor, info]
+
+    factor0 = op.Mul(a.v, _const(0.0))
+    factor0 = op.Where(op.IsNaN(factor0), _const(0.0), factor0)
+    factor0.dtype = _DOUBLE
+    info0 = op.Expand(_int32(0), op.Shape(a.v, end=-2))
+    info0.dtype = ir.DataType.INT32
+    factor, info = loop(n, [factor0, info0], step, iteration=True)
+    return a.like(factor), info
 
 
 def _cholesky(x, upper: bool):
@@ -236,45 +269,46 @@ def aten_cholesky_inverse(self, upper: bool = False):
 def _getrf(a: M):
     """LAPACK's getrf: (LU, pivots as 1-based int32 row swaps, info, the row permutation as int64)."""
     m, n = a.rows, a.cols
-    positions = op.Constant(value=ir.tensor(np.arange(m, dtype=np.int64)))
-    perm = op.Expand(positions, op.Concat(op.Shape(a.v, end=-2), _ints([m]), axis=0))
-    lu, pivots, info = a.v, [], None
-    zero32 = op.Constant(value=ir.tensor(np.int32(0)))
-    for k in range(min(m, n)):
-        column = op.Gather(lu, op.Constant(value_int=k), axis=-1)  # [..., m]
-        candidates = op.Where(_mask(np.arange(m) >= k), op.Abs(column), _const(-1.0))
+    k = min(m, n)
+    batch = op.Shape(a.v, end=-2)
+    positions, columns = _positions(m), _positions(n)
+    rows = op.Constant(value=ir.tensor(np.arange(m, dtype=np.int64).reshape(m, 1)))
+    if k == 0:
+        empty = op.Expand(op.Constant(value=ir.tensor(np.zeros((0,), dtype=np.int32))), op.Concat(batch, _ints([0]), axis=0))
+        perm = op.Expand(positions, op.Concat(batch, _ints([m]), axis=0))
+        return a, empty, op.Expand(_int32(0), batch), perm
+
+    def step(j, lu, perm, pivots, info):
+        column = op.Gather(lu, j, axis=-1)  # [..., m]
+        candidates = op.Where(op.GreaterOrEqual(positions, j), op.Abs(column), _const(-1.0))
         p = op.ArgMax(candidates, axis=-1, keepdims=1)  # [..., 1], the first largest
-        # Swap rows k and p.
-        swap = op.Where(op.Equal(positions, op.Constant(value_int=k)), p,
-                        op.Where(op.Equal(positions, p), op.Constant(value_int=k), positions))  # [..., m]
+        # Swap rows j and p.
+        swap = op.Where(op.Equal(positions, j), p, op.Where(op.Equal(positions, p), j, positions))  # [..., m]
         lu = op.GatherElements(lu, op.Expand(_last(swap), op.Shape(lu)), axis=-2)
         perm = op.GatherElements(perm, swap, axis=-1)
-        pivots.append(op.Cast(op.Add(p, op.Constant(value_int=1)), to=ir.DataType.INT32))
-        pivot = op.Gather(op.Gather(lu, op.Constant(value_int=k), axis=-2), op.Constant(value_int=k), axis=-1)
+        pivots = op.Where(op.Equal(_positions(k), j), op.Cast(op.Add(p, op.Constant(value_int=1)), to=ir.DataType.INT32), pivots)
+        pivot = op.Gather(op.Gather(lu, j, axis=-2), j, axis=-1)
         singular = op.Equal(pivot, _const(0.0))
-        step = op.Where(singular, op.Constant(value=ir.tensor(np.int32(k + 1))), zero32)
-        info = step if info is None else op.Where(op.Equal(info, zero32), step, info)
+        info = op.Where(op.And(singular, op.Equal(info, _int32(0))), op.Cast(op.Add(j, op.Constant(value_int=1)), to=ir.DataType.INT32), info)
         # Multipliers below the pivot (left unscaled when the pivot is zero, as LAPACK does), then the
         # rank-one update of the trailing block.
-        column = op.Gather(lu, op.Constant(value_int=k), axis=-1)
-        below = _const((np.arange(m) > k).astype(np.float64))
-        multipliers = op.Mul(op.Where(_last(singular), column, op.Div(column, _last(pivot))), below)  # [..., m]
-        urow = op.Gather(lu, op.Constant(value_int=k), axis=-2)  # [..., n]
-        right = _const((np.arange(n) > k).astype(np.float64))
-        update = op.Mul(op.Unsqueeze(multipliers, _ints([-1])), op.Unsqueeze(op.Mul(urow, right), _ints([-2])))
-        lu = op.Sub(lu, update)
-        column_k = _mask((np.arange(m)[:, None] > k) & (np.arange(n)[None, :] == k))
-        lu = op.Where(column_k, op.Unsqueeze(multipliers, _ints([-1])), lu)
-    batch = op.Shape(a.v, end=-2)
-    if pivots:
-        pivots_value = op.Concat(*pivots, axis=-1)
-    else:
-        pivots_value = op.Expand(op.Constant(value=ir.tensor(np.zeros((0,), dtype=np.int32))), op.Concat(batch, _ints([0]), axis=0))
-    if info is None:
-        info = op.Expand(zero32, batch)
-    else:
-        info = op.Expand(info, batch)
-    return a.like(lu), pivots_value, info, perm
+        column = op.Gather(lu, j, axis=-1)
+        below = op.Greater(positions, j)
+        multipliers = op.Where(below, op.Where(_last(singular), column, op.Div(column, _last(pivot))), _const(0.0))
+        urow = op.Where(op.Greater(columns, j), op.Gather(lu, j, axis=-2), _const(0.0))  # [..., n]
+        lu = op.Sub(lu, op.Mul(op.Unsqueeze(multipliers, _ints([-1])), op.Unsqueeze(urow, _ints([-2]))))
+        column_j = op.And(op.Greater(rows, j), op.Equal(columns, j))  # [m, n]
+        lu = op.Where(column_j, op.Unsqueeze(multipliers, _ints([-1])), lu)
+        return [lu, perm, pivots, info]
+
+    perm0 = op.Expand(positions, op.Concat(batch, _ints([m]), axis=0))
+    pivots0 = op.Expand(op.Constant(value=ir.tensor(np.zeros((k,), dtype=np.int32))), op.Concat(batch, _ints([k]), axis=0))
+    info0 = op.Expand(_int32(0), batch)
+    lu0 = a.v
+    for value, dtype in ((lu0, _DOUBLE), (perm0, ir.DataType.INT64), (pivots0, ir.DataType.INT32), (info0, ir.DataType.INT32)):
+        value.dtype = dtype
+    lu, perm, pivots, info = loop(k, [lu0, perm0, pivots0, info0], step, iteration=True)
+    return a.like(lu), pivots, info, perm
 
 
 def _permutation_matrix(perm, m: int, rank: int) -> M:
