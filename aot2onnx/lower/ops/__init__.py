@@ -11,6 +11,7 @@ from aot2onnx.lower.ops import (  # noqa: F401
     indexing,
     linalg,
     loss,
+    matmul,
     norm,
     pointwise,
     pool,
