@@ -13,6 +13,7 @@ from aot2onnx.lower.ops import (  # noqa: F401
     loss,
     matmul,
     norm,
+    padding,
     pointwise,
     pool,
     random,

@@ -34,7 +34,7 @@ def _static(sizes, what: str) -> list[int]:
     return sizes
 
 
-def _along(x, rank: int, dim: int, matrix: np.ndarray, like):
+def along(x, rank: int, dim: int, matrix: np.ndarray, like):
     """Multiplies x's ``dim`` axis by ``matrix`` [new, old]: y[..., o, ...] = sum_i matrix[o, i] x[..., i, ...]."""
     # x as [before, old, after], so that matrix @ x broadcasts over ``before`` with no transposes.
     one = op.Constant(value_ints=[1])
@@ -61,7 +61,7 @@ def _adaptive_avg(self, output_size: Sequence[int]):
     sizes = _static(self.shape[-spatial:], "input sizes")
     x = self
     for i, (size, out) in enumerate(zip(sizes, _static(output_size, "output sizes"))):
-        x = _along(x, rank, rank - spatial + i, _average_matrix(size, out), self)
+        x = along(x, rank, rank - spatial + i, _average_matrix(size, out), self)
     return x
 
 
@@ -71,7 +71,7 @@ def _adaptive_avg_backward(grad_output, self, spatial: int):
     outs = _static(grad_output.shape[-spatial:], "output sizes")
     grad = grad_output
     for i, (size, out) in enumerate(zip(sizes, outs)):
-        grad = _along(grad, rank, rank - spatial + i, _average_matrix(size, out).T, grad_output)
+        grad = along(grad, rank, rank - spatial + i, _average_matrix(size, out).T, grad_output)
     return grad
 
 
