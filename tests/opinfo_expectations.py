@@ -1,0 +1,227 @@
+"""The OpInfo sweep's table: one entry per OpInfo that needs anything other than the defaults.
+
+An entry carries tolerances, input wrangling and expected failures. Expected failures are strict: the
+sweep fails on an unexpected pass, and on a failure of another kind than the one expected, so the table
+always says what happens today. Each ``xfail`` names the outcome it expects:
+
+- a crash, by the stage that raised: ``dynamo`` (Dynamo cannot trace the op; without ``fullgraph`` it
+  would run eagerly), ``capture`` (AOTAutograd), ``unsupported`` (no lowering rule for an ATen op),
+  ``lowering`` (a rule failed), ``ort`` (ONNX Runtime could not create or run the session), ``error``
+  (anything else);
+- ``mismatch``: a wrong answer (values, shapes or dtypes differ from eager);
+- ``eager``: no graph reached aot2onnx (Dynamo ran the op itself).
+
+Keys are OpInfo names, with the variant after a dot as in ``nn.functional.pad.replicate``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+
+import torch
+
+__all__ = ["CRASHES", "OUTCOMES", "Entry", "XFail", "ENTRIES", "entry", "xfail", "tolerance"]
+
+CRASHES = ("dynamo", "capture", "unsupported", "lowering", "ort", "error")
+OUTCOMES = ("pass", "mismatch", "eager", *CRASHES)
+
+# (rtol, atol) by dtype for outputs and gradients; integer and bool results must be equal.
+_DEFAULT_TOLERANCE = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class XFail:
+    outcome: str
+    reason: str
+    kind: str = "fwd"
+    dtypes: tuple[torch.dtype, ...] | None = None  # None: every dtype
+    opsets: tuple[int, ...] | None = None  # None: every target opset
+
+    def applies(self, kind: str, dtype: torch.dtype, opset: int) -> bool:
+        return (
+            self.kind == kind
+            and (self.dtypes is None or dtype in self.dtypes)
+            and (self.opsets is None or opset in self.opsets)
+        )
+
+
+def xfail(
+    outcome: str,
+    reason: str,
+    *,
+    kind: str = "fwd",
+    dtypes: Iterable[torch.dtype] | None = None,
+    opsets: Iterable[int] | None = None,
+) -> XFail:
+    """An expected failure: ``outcome`` (a crash stage or ``mismatch``) in the ``fwd`` or ``bwd`` check."""
+    if outcome not in OUTCOMES or outcome == "pass":
+        raise ValueError(f"xfail outcome must be one of {OUTCOMES[1:]}, got {outcome!r}")
+    if kind not in ("fwd", "bwd"):
+        raise ValueError(f"xfail kind must be 'fwd' or 'bwd', got {kind!r}")
+    if not reason:
+        raise ValueError("every xfail needs a reason")
+    return XFail(
+        outcome, reason, kind, None if dtypes is None else tuple(dtypes), None if opsets is None else tuple(opsets)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    xfails: tuple[XFail, ...] = ()
+    # Tolerance overrides by dtype, (rtol, atol), for outputs and for gradients.
+    tol: dict[torch.dtype, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    grad_tol: dict[torch.dtype, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    # Rewrites a SampleInput before it runs (both eagerly and compiled).
+    wrangle: Callable | None = None
+    # False where the output's values cannot match eager's: ATen leaves them unspecified (torch.empty and
+    # kin), or they are random (ONNX Runtime's generator is not torch's). Only shapes and dtypes are then
+    # compared. A callable decides per sample (dropout with p=0 is deterministic).
+    values: bool | Callable = True
+
+    def expected(self, kind: str, dtype: torch.dtype, opset: int) -> XFail | None:
+        matches = [x for x in self.xfails if x.applies(kind, dtype, opset)]
+        if len(matches) > 1:
+            raise ValueError(f"several xfails apply to {kind} {dtype} opset {opset}: {matches}")
+        return matches[0] if matches else None
+
+
+def entry(*xfails: XFail, tol=None, grad_tol=None, wrangle=None, values: bool | Callable = True) -> Entry:
+    return Entry(tuple(xfails), dict(tol or {}), dict(grad_tol or {}), wrangle, values)
+
+
+def tolerance(entry_: Entry, dtype: torch.dtype, *, grad: bool) -> tuple[float, float]:
+    overrides = entry_.grad_tol if grad else entry_.tol
+    return overrides.get(dtype, _DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
+
+
+def _table(pairs: list[tuple[str, Entry]]) -> dict[str, Entry]:
+    table: dict[str, Entry] = {}
+    for name, value in pairs:
+        assert name not in table, f"two entries for {name}"
+        table[name] = value
+    return table
+
+
+def _deterministic_dropout(sample) -> bool:
+    """Dropout-like ops draw nothing when p is 0 or outside training: then their values are eager's."""
+    kwargs = sample.kwargs
+    return kwargs.get("p", 0.5) == 0 or not kwargs.get("training", True)
+
+
+_RANDOM = "random values: ONNX Runtime's generator is not torch's"
+_COMPLEX = (
+    "complex tensors: ONNX has no complex type; lowered graphs carry them as real [..., 2] tensors and the "
+    "runtime hands those back as they are"
+)
+_RANDOM_KERNELS_26 = "ONNX Runtime 1.31 has no kernel for the opset-22 version of its random ops (RandomUniformLike/RandomNormalLike/Multinomial)"
+_SPARSE = "sparse tensors: torch.compile does not trace them"
+_DATA_DEPENDENT = "a Python value computed from tensor data: torch.compile(fullgraph=True) cannot trace it"
+_DYNAMIC_SHAPE = "its output shape depends on tensor data: Dynamo does not trace it by default (capture_dynamic_output_shape_ops)"
+
+
+def _random_at_26(*xfails: XFail, values=False) -> Entry:
+    return entry(xfail("ort", _RANDOM_KERNELS_26, opsets=(26,)), *xfails, values=values)
+
+
+def _complex_fwd(outcome: str = "mismatch", bwd: str | None = "error") -> tuple[XFail, ...]:
+    xfails = [xfail(outcome, _COMPLEX)]
+    if bwd:
+        xfails.append(xfail(bwd, _COMPLEX + " (the gradient of a [..., 2] output does not fit)", kind="bwd"))
+    return tuple(xfails)
+
+
+ENTRIES: dict[str, Entry] = _table([
+    # --- Random ops: shapes and dtypes are compared, values cannot be.
+    *[(name, _random_at_26()) for name in (
+        "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial", "normal", "normal.in_place",
+        "normal.number_mean", "uniform", "rand_like", "randn", "randn_like", "randint", "randint_like",
+    )],
+    # svd_lowrank and pca_lowrank draw a random projection, but their result does not depend on it.
+    ("svd_lowrank", _random_at_26(values=True)),
+    ("pca_lowrank", _random_at_26(values=True)),
+    ("nn.functional.rrelu", _random_at_26(
+        xfail("mismatch", f"{_RANDOM}: the gradient is the drawn slope", kind="bwd"),
+        values=lambda sample: not sample.kwargs.get("training", False),
+    )),
+    *[(name, entry(values=_deterministic_dropout)) for name in (
+        "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d", "nn.functional.alpha_dropout",
+        "nn.functional.feature_alpha_dropout.with_train", "nn.functional.feature_alpha_dropout.without_train",
+    )],
+    ("nn.functional.multi_head_attention_forward", entry(
+        xfail("mismatch", f"{_RANDOM}: attention dropout draws a different mask", kind="bwd"),
+        # args[9] is dropout_p.
+        values=lambda sample: sample.args[9] == 0 or not sample.kwargs.get("training", True),
+    )),
+    # --- Ops whose values ATen leaves unspecified.
+    *[(name, entry(values=False)) for name in (
+        "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
+    )],
+    # --- Dynamo cannot trace these with fullgraph=True (without it they would run eagerly).
+    *[(name, entry(xfail("dynamo", _DATA_DEPENDENT))) for name in ("allclose", "equal", "corrcoef", "cov")],
+    ("nn.functional.gaussian_nll_loss", entry(xfail("dynamo", "checks a data-dependent condition in Python (Eq(u0, 1))"))),
+    *[(name, entry(xfail("dynamo", _DYNAMIC_SHAPE))) for name in (
+        "linalg.lstsq", "linalg.lstsq.grad_oriented", "nn.functional.ctc_loss",
+    )],
+    *[(name, entry(xfail("dynamo", _SPARSE))) for name in ("sparse.mm.reduce", "sparse.sampled_addmm", "to_sparse")],
+    ("resize_", entry(xfail("dynamo", "Dynamo does not trace Tensor.resize_"))),
+    ("resize_as_", entry(xfail("dynamo", "Dynamo does not trace torch.resize_as_"))),
+    ("bucketize", entry(xfail("capture", "AOTAutograd specializes a data-dependent size (GuardOnDataDependentSymNode)"))),
+    # --- Complex numbers.
+    *[(name, entry(*_complex_fwd())) for name in (
+        "complex", "cfloat", "cdouble", "fft.fft", "fft.ifft", "fft.rfft", "fft.ihfft", "fft.rfft2", "fft.rfftn", "stft",
+    )],
+    ("view_as_complex", entry(xfail("error", _COMPLEX + " (AOTAutograd's view replay sees the real shape)"))),
+    ("chalf", entry(xfail("lowering", "complex32 has no ONNX equivalent"))),
+    ("polar", entry(xfail("unsupported", _COMPLEX + ": torch_lib's detach has no complex rule"))),
+    ("linalg.eig", entry(xfail("unsupported", "no lowering for the general (complex) eigendecomposition"))),
+    ("linalg.eigvals", entry(xfail("unsupported", "no lowering for the general (complex) eigendecomposition"))),
+    *[(name, entry(xfail("unsupported", _COMPLEX + ": torch_lib's constant_pad_nd has no complex rule"))) for name in (
+        "fft.fft2", "fft.fftn", "fft.ifft2", "fft.ifftn",
+    )],
+    *[(name, entry(xfail("unsupported", _COMPLEX + ": no lowering for _conj_physical"))) for name in ("fft.ihfft2", "fft.ihfftn")],
+    *[(name, entry(xfail("unsupported", _COMPLEX + ": the backward multiplies and scatters complex tensors", kind="bwd")))
+      for name in ("fft.hfft", "fft.hfft2", "fft.hfftn", "fft.irfft", "fft.irfft2", "fft.irfftn")],
+    # --- No lowering yet.
+    *[(name, entry(xfail("unsupported", "no lowering for segment_reduce"))) for name in (
+        "_segment_reduce.lengths", "_segment_reduce.offsets",
+    )],
+    ("_upsample_bilinear2d_aa", entry(xfail("unsupported", "no lowering for _upsample_bilinear2d_aa_backward", kind="bwd"))),
+    ("grid_sampler_2d", entry(xfail("unsupported", "no lowering for grid_sampler_2d_backward", kind="bwd"))),
+    ("nn.functional.grid_sample", entry(xfail("unsupported", "no lowering for grid_sampler_2d_backward", kind="bwd"))),
+    ("grid_sampler_3d", entry(xfail("unsupported", "no lowering for grid_sampler_3d (ONNX GridSample is 2-D before opset 20)"))),
+    ("hash_tensor", entry(xfail("unsupported", "no lowering for hash_tensor"))),
+    ("histogramdd", entry(xfail("unsupported", "no lowering for _histogramdd_bin_edges / _histogramdd_from_bin_cts"))),
+    ("igamma", entry(xfail("unsupported", "no lowering for the incomplete gamma function"))),
+    ("igammac", entry(xfail("unsupported", "no lowering for the incomplete gamma function"))),
+    *[(name, entry(xfail("unsupported", "no lowering for the LDL factorization (LAPACK's Bunch-Kaufman pivoting)")))
+      for name in ("linalg.ldl_factor", "linalg.ldl_factor_ex", "linalg.ldl_solve")],
+    ("nn.functional.embedding_bag", entry(xfail("unsupported", "no lowering for _embedding_bag_backward", kind="bwd"))),
+    ("nn.functional.fractional_max_pool2d", entry(xfail("unsupported", "no lowering for fractional_max_pool2d"))),
+    ("nn.functional.fractional_max_pool3d", entry(xfail("unsupported", "no lowering for fractional_max_pool3d"))),
+    *[(name, entry(xfail("unsupported", "no lowering for torch_nn's chunked linear cross-entropy op"))) for name in (
+        "nn.functional.linear_cross_entropy.chunked", "nn.functional.linear_cross_entropy.chunked_none",
+    )],
+    ("nonzero_static", entry(xfail("unsupported", "no lowering for nonzero_static"))),
+    # --- Wrong answers.
+    ("linalg.eigh", entry(xfail(
+        "mismatch", "eigenvectors are unique only up to sign, and the Jacobi lowering's signs are not LAPACK's "
+        "(eigenvalues, and the gradients, match)"))),
+    ("tensor_split", entry(
+        xfail("mismatch", "the outputs are views of the input at data-dependent offsets; AOTAutograd regenerates "
+                          "them from ONNX Runtime's fresh tensors as if at offset 0"),
+        xfail("mismatch", "the forward's views are wrong (see the forward xfail)", kind="bwd"),
+    )),
+    # --- ONNX Runtime refuses the model or fails running it.
+    ("nn.functional.pad.replicate_negative", entry(xfail(
+        "ort", "ONNX Runtime's edge Pad rejects the negative pads (\"zero effective input extent\")"))),
+    ("nn.functional.unfold", entry(xfail(
+        "ort", "torch_lib's im2col reshapes an empty batch with a 0 in a shape that also holds -1; ONNX Runtime refuses it"))),
+    *[(name, entry(xfail("ort", "ONNX Runtime 1.31 has no kernel for Relu-14 on the int64 indices of cumprod's backward "
+                                "once converted to opset 26", kind="bwd", opsets=(26,)))) for name in ("cumprod", "masked.cumprod")],
+])
