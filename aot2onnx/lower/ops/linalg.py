@@ -7,8 +7,9 @@ tau, Cholesky factors) come out the same and not merely equivalent:
 - LU: partial pivoting on the largest magnitude (the first one on ties), as LAPACK's getrf.
 - QR: LAPACK's Householder reflectors (dlarfg: beta = -sign(alpha) * norm).
 - Cholesky: reads the lower triangle (the upper one for ``upper=True``), as potrf.
-- Symmetric eigendecomposition and SVD: cyclic Jacobi rotations, a fixed number of sweeps (quadratic
-  convergence makes 10 sweeps exact in double precision for the sizes these graphs see). Singular values
+- Symmetric eigendecomposition and SVD: Jacobi rotations, n / 2 disjoint pairs at a time (Brent and Luk's
+  parallel ordering) in an ONNX Loop, a fixed number of sweeps (quadratic convergence makes 10 sweeps
+  exact in double precision for the sizes these graphs see). Singular values
   and eigenvalues are unique; singular and eigenvectors are unique only up to sign, which LAPACK fixes in
   its own way, so a rule that returns vectors matches ATen only up to those signs (products such as the
   pseudo-inverse do not depend on them).
@@ -492,22 +493,7 @@ def higher_order_with_effects(token, effectful_op, *args, **kwargs):
     return (op.ConstantOfShape(_ints([0]), value=ir.tensor(np.zeros(1, dtype=token.dtype.numpy()))),)
 
 
-# --- symmetric eigendecomposition and SVD (cyclic Jacobi) ----------------------------------------------
-
-
-def _basis(n: int, i: int, j: int) -> ir.Value:
-    e = np.zeros((n, n))
-    e[i, j] = 1.0
-    return _const(e)
-
-
-def _rotation(n: int, p: int, q: int, c, s) -> ir.Value:
-    """J = I with J[p,p] = J[q,q] = c, J[p,q] = s, J[q,p] = -s, for per-matrix c and s of shape [...]."""
-    c, s = op.Unsqueeze(c, _ints([-1, -2])), op.Unsqueeze(s, _ints([-1, -2]))
-    diagonal = np.zeros((n, n))
-    diagonal[p, p] = diagonal[q, q] = 1.0
-    j = op.Add(_const(np.eye(n)), op.Mul(op.Sub(c, _const(1.0)), _const(diagonal)))
-    return op.Add(j, op.Mul(s, op.Sub(_basis(n, p, q), _basis(n, q, p))))
+# --- symmetric eigendecomposition and SVD (parallel Jacobi) ---------------------------------------------
 
 
 def _jacobi_angle(theta, zero):
@@ -527,33 +513,88 @@ def _sorted_columns(values, vectors: M, descending: bool):
     return values, vectors.like(op.GatherElements(vectors.v, index, axis=-1))
 
 
-def _loop(trip_count: int, carried: list, body):
+def _round_robin(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(p, q) [rounds, n / 2]: the circle method's pairing of n (even) indices, every pair once per sweep."""
+    rounds = []
+    others = list(range(1, n))
+    for _ in range(n - 1):
+        order = [0, *others]
+        rounds.append([(order[k], order[n - 1 - k]) for k in range(n // 2)])
+        others = others[-1:] + others[:-1]
+    pairs = np.array(rounds, dtype=np.int64)  # [rounds, n / 2, 2]
+    return pairs[..., 0], pairs[..., 1]
+
+
+def _pad_even(a: M, n: int, square: bool) -> tuple[ir.Value, int]:
+    """a with a zero column (and row, when ``square``) added when n is odd: a pad the rotations leave alone."""
+    if n % 2 == 0:
+        return a.v, n
+    pads = [0] * (2 * a.rank)
+    pads[a.rank + a.rank - 1] = 1
+    if square:
+        pads[a.rank + a.rank - 2] = 1
+    return op.Pad(a.v, _ints(pads)), n + 1
+
+
+def _jacobi_sweeps(n: int, carried: list, rotate):
+    """Runs ``rotate(p, q, *carried)`` for every round of _SWEEPS parallel Jacobi sweeps, as one Loop.
+
+    Each round rotates n / 2 disjoint pairs (p, q) at once (Brent and Luk's ordering), so the body's
+    size does not grow with n; the round's pairs come from a table indexed by the iteration number.
+    """
+    p_table, q_table = _round_robin(n)
+    rounds = p_table.shape[0]
+    p_all, q_all = op.Constant(value=ir.tensor(p_table)), op.Constant(value=ir.tensor(q_table))
+
+    def body(i, *values):
+        r = op.Mod(i, op.Constant(value_int=rounds))
+        return rotate(op.Gather(p_all, r, axis=0), op.Gather(q_all, r, axis=0), r, *values)
+
     for value in carried:
         value.dtype = value.dtype or _DOUBLE
-    return loop(trip_count, carried, body)
+    return loop(_SWEEPS * rounds, carried, body, iteration=True)
 
 
 def _eigh(a: M, lower: bool):
     n = a.rows
     triangle = _triangle(a, lower)
     s = triangle.like(op.Add(triangle.v, _triangle(a, lower, -1 if lower else 1).T.v))
-    v = a.like(op.Expand(_const(np.eye(n)), op.Shape(a.v)))
+    if n == 0:
+        return op.Expand(_const(np.zeros((0,))), op.Concat(op.Shape(a.v, end=-2), _ints([0]), axis=0)), a
+    if n == 1:
+        return s.diagonal(), a.like(op.Expand(_const(np.eye(1)), op.Shape(a.v)))
+    s_value, ne = _pad_even(s, n, square=True)
+    v_value = op.Expand(_const(np.eye(ne)), op.Shape(s_value))
+    p_table, q_table = _round_robin(ne)
+    ep = op.Constant(value=ir.tensor(np.eye(ne)[p_table]))  # [rounds, n / 2, n]: one-hot rows of p
+    eq = op.Constant(value=ir.tensor(np.eye(ne)[q_table]))
 
-    def sweep(s_value, v_value):
-        s, v = a.like(s_value), a.like(v_value)
-        for p in range(n):
-            for q in range(p + 1, n):
-                apq = s.entry(p, q)
-                zero = op.Equal(apq, _const(0.0))
-                theta = op.Div(op.Sub(s.entry(q, q), s.entry(p, p)), op.Mul(_const(2.0), op.Where(zero, _const(1.0), apq)))
-                c, sn = _jacobi_angle(theta, zero)
-                j = s.like(_rotation(n, p, q, c, sn))
-                s = j.T @ s @ j
-                v = v @ j
-        return s.v, v.v
+    def rotate(p, q, r, s_value, v_value):
+        # The rotation of each pair, all at once: J = P^T c P + Q^T c Q + P^T s Q - Q^T s P.
+        diagonal = op.ReduceSum(op.Mul(s_value, _const(np.eye(ne))), _ints([-1]), keepdims=0)  # [..., n]
+        app, aqq = op.Gather(diagonal, p, axis=-1), op.Gather(diagonal, q, axis=-1)
+        rows = op.Gather(s_value, p, axis=-2)  # [..., n / 2, n]
+        apq = op.Squeeze(op.GatherElements(rows, op.Expand(_last(q), op.Concat(op.Shape(rows, end=-1), _ints([1]), axis=0)), axis=-1), _ints([-1]))
+        zero = op.Equal(apq, _const(0.0))
+        theta = op.Div(op.Sub(aqq, app), op.Mul(_const(2.0), op.Where(zero, _const(1.0), apq)))
+        c, sn = _jacobi_angle(theta, zero)  # [..., n / 2]
+        pm, qm = op.Gather(ep, r, axis=0), op.Gather(eq, r, axis=0)  # [n / 2, n]
+        pt, qt = op.Transpose(pm, perm=[1, 0]), op.Transpose(qm, perm=[1, 0])
+        scale = lambda m, k: op.Mul(m, op.Unsqueeze(k, _ints([-2])))  # m [n, n/2] times k per column
+        j = op.Add(op.Add(op.MatMul(scale(pt, c), pm), op.MatMul(scale(qt, c), qm)),
+                   op.Sub(op.MatMul(scale(pt, sn), qm), op.MatMul(scale(qt, sn), pm)))
+        perm = list(range(a.rank - 2)) + [a.rank - 1, a.rank - 2]
+        s_value = op.MatMul(op.MatMul(op.Transpose(j, perm=perm), s_value), j)
+        return [s_value, op.MatMul(v_value, j)]
 
-    s_value, v_value = _loop(_SWEEPS, [s.v, v.v], sweep) if n > 1 else (s.v, v.v)
-    return _sorted_columns(a.like(s_value).diagonal(), a.like(v_value), descending=False)
+    s_value, v_value = _jacobi_sweeps(ne, [s_value, v_value], rotate)
+    values = M(s_value, a.rank, ne, ne).diagonal()
+    vectors = M(v_value, a.rank, ne, ne)
+    if ne != n:  # drop the pad: no rotation touched it, so it is still last
+        values = op.Slice(values, _ints([0]), _ints([n]), _ints([-1]))
+        vectors = M(op.Slice(op.Slice(vectors.v, _ints([0]), _ints([n]), _ints([-1])), _ints([0]), _ints([n]), _ints([-2])),
+                    a.rank, n, n)
+    return _sorted_columns(values, vectors, descending=False)
 
 
 @project_rule(aten._linalg_eigh.default)
@@ -568,26 +609,39 @@ def aten__linalg_eigh(A, UPLO: str = "L", compute_v: bool = True):
 def _svd_tall(a: M):
     """One-sided Jacobi for rows >= cols: (U [..., m, n], S [..., n], V [..., n, n]), S descending."""
     n = a.cols
-    v = a.like(op.Expand(_const(np.eye(n)), op.Concat(op.Shape(a.v, end=-2), _ints([n, n]), axis=0)), n, n)
+    if n <= 1:
+        w_value, ne = a.v, n
+        v_value = op.Expand(_const(np.eye(n)), op.Concat(op.Shape(a.v, end=-2), _ints([n, n]), axis=0))
+    else:
+        w_value, ne = _pad_even(a, n, square=False)
+        v_value = op.Expand(_const(np.eye(ne)), op.Concat(op.Shape(a.v, end=-2), _ints([ne, ne]), axis=0))
+        p_table, q_table = _round_robin(ne)
+        # Where column j lands in concat(rotated p columns, rotated q columns), per round.
+        inverse = np.argsort(np.concatenate([p_table, q_table], axis=1), axis=1).astype(np.int64)
+        inverse_all = op.Constant(value=ir.tensor(inverse))
 
-    def sweep(w_value, v_value):
-        w, v = a.like(w_value), a.like(v_value, n, n)
-        for p in range(n):
-            for q in range(p + 1, n):
-                wp, wq = w.col(p), w.col(q)
-                last = _ints([-1])
-                alpha = op.ReduceSum(op.Mul(wp, wp), last, keepdims=0)
-                beta = op.ReduceSum(op.Mul(wq, wq), last, keepdims=0)
-                gamma = op.ReduceSum(op.Mul(wp, wq), last, keepdims=0)
-                zero = op.Equal(gamma, _const(0.0))
-                zeta = op.Div(op.Sub(beta, alpha), op.Mul(_const(2.0), op.Where(zero, _const(1.0), gamma)))
-                c, s = _jacobi_angle(zeta, zero)
-                j = M(_rotation(n, p, q, c, s), a.rank, n, n)
-                w = w @ j
-                v = v @ j
-        return w.v, v.v
+        def rotate(p, q, r, w_value, v_value):
+            wp, wq = op.Gather(w_value, p, axis=-1), op.Gather(w_value, q, axis=-1)  # [..., m, n / 2]
+            rows = _ints([-2])
+            alpha = op.ReduceSum(op.Mul(wp, wp), rows, keepdims=1)
+            beta = op.ReduceSum(op.Mul(wq, wq), rows, keepdims=1)
+            gamma = op.ReduceSum(op.Mul(wp, wq), rows, keepdims=1)
+            zero = op.Equal(gamma, _const(0.0))
+            zeta = op.Div(op.Sub(beta, alpha), op.Mul(_const(2.0), op.Where(zero, _const(1.0), gamma)))
+            c, s = _jacobi_angle(zeta, zero)  # [..., 1, n / 2]
+            back = op.Gather(inverse_all, r, axis=0)
 
-    w_value, v_value = _loop(_SWEEPS, [a.v, v.v], sweep) if n > 1 else (a.v, v.v)
+            def turned(x):
+                xp, xq = op.Gather(x, p, axis=-1), op.Gather(x, q, axis=-1)
+                pair = op.Concat(op.Sub(op.Mul(c, xp), op.Mul(s, xq)), op.Add(op.Mul(s, xp), op.Mul(c, xq)), axis=-1)
+                return op.Gather(pair, back, axis=-1)
+
+            return [turned(w_value), turned(v_value)]
+
+        w_value, v_value = _jacobi_sweeps(ne, [w_value, v_value], rotate)
+        if ne != n:  # drop the pad column (and V's pad row and column): no rotation touched it
+            w_value = op.Slice(w_value, _ints([0]), _ints([n]), _ints([-1]))
+            v_value = op.Slice(op.Slice(v_value, _ints([0]), _ints([n]), _ints([-1])), _ints([0]), _ints([n]), _ints([-2]))
     w, v = a.like(w_value), a.like(v_value, n, n)
     norms = op.Sqrt(op.ReduceSum(op.Mul(w.v, w.v), _ints([-2]), keepdims=0))  # [..., n]
     safe = op.Where(op.Equal(norms, _const(0.0)), _const(1.0), norms)
