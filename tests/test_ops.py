@@ -95,6 +95,47 @@ def test_max_pool2d_backward(kernel, stride, padding, dilation, ceil_mode):
     _check_fn(lambda x: F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode), x)
 
 
+@pytest.mark.parametrize(
+    "shape,kernel,stride,padding,dilation,ceil_mode",
+    [((2, 3, 11, 10), 2, 2, 0, 1, False), ((2, 3, 11, 10), 3, 1, 1, 1, False), ((2, 3, 11, 10), 3, 3, 1, 1, True),
+     ((3, 8, 8), 2, 2, 0, 1, False), ((3, 8, 8), 3, 2, 1, 1, False)],
+)
+def test_max_pool2d_indices(shape, kernel, stride, padding, dilation, ceil_mode):
+    # torch numbers each window's maximum within its (n, c) plane; ONNX over the whole tensor.
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    fn = lambda x: F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode, return_indices=True)
+    torch._dynamo.reset()
+    values, indices = torch.compile(fn, backend="aot2onnx", fullgraph=True)(x)
+    expected_values, expected_indices = fn(x)
+    assert torch.equal(values, expected_values) and torch.equal(indices, expected_indices)
+    _check_fn(lambda x: F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode), x)
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [(2, 2, 0), (3, 1, 1), (3, 3, 1)])
+def test_max_pool3d_backward(kernel, stride, padding):
+    x = torch.randn(2, 2, 5, 6, 7, generator=torch.Generator().manual_seed(0))
+    _check_fn(lambda x: F.max_pool3d(x, kernel, stride, padding, return_indices=True)[0], x)
+
+
+def test_max_pool2d_dynamic_batch():
+    # The plane offsets that turn ONNX's indices into torch's are computed from the input's shape.
+    g = torch.Generator().manual_seed(0)
+    torch._dynamo.reset()
+    aot2onnx.reset_compiled_graphs()
+    fn = lambda x: F.max_pool2d(x, 2, return_indices=True)
+    compiled = torch.compile(fn, backend="aot2onnx", dynamic=True)
+    for batch in (2, 5):
+        x = torch.randn(batch, 3, 8, 8, generator=g)
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        (ve, ie), (vc, ic) = fn(xe), compiled(xc)
+        assert torch.equal(vc, ve) and torch.equal(ic, ie)
+        cotangent = torch.randn(ve.shape, generator=g)
+        ve.backward(cotangent)
+        vc.backward(cotangent)
+        torch.testing.assert_close(xc.grad, xe.grad, rtol=0, atol=0)
+    assert len(aot2onnx.compiled_graphs()) == 2  # one forward and one backward for both sizes
+
+
 def test_max_pool2d_backward_unbatched():
     x = torch.randn(3, 8, 8, generator=torch.Generator().manual_seed(0))
     _check_fn(lambda x: F.max_pool2d(x, 3, 2, 1), x)
@@ -170,6 +211,28 @@ def test_symbolic_sizes():
         x = torch.randn(batch, 7, 8, generator=g)
         graphs = _check_fn(fn, x, w, dynamic=True)
         assert any(inp.kind.value == "symint" for g_ in graphs for inp in g_.signature.inputs)
+
+
+@pytest.mark.parametrize("case", CONV_CASES[:3], ids=lambda c: f"in{c[0]}_w{c[1]}_s{c[2]}")
+def test_conv2d_weight_grad_without_unfolding(case, monkeypatch):
+    # Where the unfolded input would be too large, the weight gradient is a grouped convolution instead.
+    from aot2onnx.lower.ops import conv
+
+    monkeypatch.setattr(conv, "_UNFOLD_LIMIT", 0)
+    shape, wshape, stride, padding, dilation, groups = case
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(shape, generator=g), torch.randn(wshape, generator=g)
+    graphs = _check_fn(lambda x, w: F.conv2d(x, w, None, stride, padding, dilation, groups), x, w)
+    backward = [g_ for g_ in graphs if g_.kind == "backward"]
+    assert backward and all(g_.op_counts["MatMul"] == 0 for g_ in backward)
+
+
+def test_conv2d_weight_grad_unfolded():
+    # The default for static shapes: the input unfolded by a one-hot convolution, then a matrix product.
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 4, 13, 12, generator=g), torch.randn(6, 2, 3, 2, generator=g)
+    graphs = _check_fn(lambda x, w: F.conv2d(x, w, None, (2, 3), (1, 0), (2, 1), 2), x, w)
+    assert any(g_.kind == "backward" and g_.op_counts["MatMul"] == 1 for g_ in graphs)
 
 
 @pytest.mark.parametrize(

@@ -170,9 +170,3 @@ def aten_adaptive_max_pool2d_backward(grad_output, self, indices):
 def aten_adaptive_max_pool3d_backward(grad_output, self, indices):
     """adaptive_max_pool3d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor"""
     return _max_pool_backward(grad_output, self, indices, 3)
-
-
-@project_rule(aten.max_pool3d_with_indices_backward.default)
-def aten_max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
-    """max_pool3d_with_indices_backward(Tensor grad_output, Tensor self, int[3] kernel_size, int[3] stride, int[3] padding, int[3] dilation, bool ceil_mode, Tensor indices) -> Tensor"""
-    return _max_pool_backward(grad_output, self, indices, 3)

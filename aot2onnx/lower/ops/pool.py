@@ -15,10 +15,81 @@ from aot2onnx.lower.registry import project_rule
 aten = torch.ops.aten
 
 
-def _planes(x):
-    """The shape (-1, C, H*W) of x (N, C, H, W) or (C, H, W) seen as one row per (n, c) plane."""
-    plane_size = op.ReduceProd(op.Shape(x, start=-2), keepdims=1)
-    return op.Concat(op.Constant(value_ints=[-1]), op.Shape(x, start=-3, end=-2), plane_size, axis=0)
+def _planes(x, spatial: int):
+    """The shape (-1, C, positions) of x (N, C, *spatial) or (C, *spatial): one row per (n, c) plane."""
+    plane_size = op.ReduceProd(op.Shape(x, start=-spatial), keepdims=1)
+    return op.Concat(op.Constant(value_ints=[-1]), op.Shape(x, start=-spatial - 1, end=-spatial), plane_size, axis=0)
+
+
+def _max_pool_attributes(spatial: int, kernel_size, stride, padding, dilation):
+    """kernel, strides, ONNX pads (begins then ends) and dilations, each with one entry per spatial dim."""
+    return torchlib_nn._adjust_attributes_of_max_pool(spatial, kernel_size, stride, padding, dilation)
+
+
+def _plane_offsets(x, spatial: int):
+    """For x (N, C, *spatial): the flat position where each (n, c) plane starts, shaped (N, C, 1, ...)."""
+    planes = op.ReduceProd(op.Shape(x, end=2), keepdims=0)
+    plane_size = op.ReduceProd(op.Shape(x, start=2), keepdims=0)
+    starts = op.Mul(op.Range(op.Constant(value_int=0), planes, op.Constant(value_int=1)), plane_size)
+    return op.Reshape(starts, op.Concat(op.Shape(x, end=2), op.Constant(value_ints=[1] * spatial), axis=0))
+
+
+def _max_pool_with_indices(self, spatial: int, kernel_size, stride, padding, dilation, ceil_mode: bool):
+    # ONNX's MaxPool numbers positions over the whole (N, C, *spatial) tensor, torch within each (n, c)
+    # plane: subtract where each plane starts. (torch_lib runs a second MaxPool over the whole input to
+    # find those starts, which costs as much as the pooling itself.) Ties pick the first position in
+    # both, and a NaN wins its window in both.
+    kernel, strides, pads, dilations = _max_pool_attributes(spatial, kernel_size, stride, padding, dilation)
+    unbatched = len(self.shape) == spatial + 1
+    x = op.Unsqueeze(self, op.Constant(value_ints=[0])) if unbatched else self
+    values, flat = op.MaxPool(x, ceil_mode=ceil_mode, dilations=dilations, kernel_shape=kernel, pads=pads,
+                              strides=strides)
+    indices = op.Sub(flat, _plane_offsets(x, spatial))
+    if unbatched:
+        axis = op.Constant(value_ints=[0])
+        return op.Squeeze(values, axis), op.Squeeze(indices, axis)
+    return values, indices
+
+
+@project_rule(aten.max_pool2d_with_indices.default)
+def aten_max_pool2d_with_indices(self, kernel_size, stride=(), padding=(0, 0), dilation=(1, 1), ceil_mode=False):
+    """max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)"""
+    return _max_pool_with_indices(self, 2, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@project_rule(aten.max_pool3d_with_indices.default)
+def aten_max_pool3d_with_indices(self, kernel_size, stride=(), padding=(0, 0, 0), dilation=(1, 1, 1),
+                                 ceil_mode=False):
+    """max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)"""
+    return _max_pool_with_indices(self, 3, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def _max_pool_backward(grad_output, self, indices, spatial: int, kernel_size, stride, padding, dilation):
+    kernel, strides, _, dilations = _max_pool_attributes(spatial, kernel_size, stride, padding, dilation)
+    overlapping = any(s < d * (k - 1) + 1 for k, s, d in zip(kernel, strides, dilations))
+    if overlapping:
+        # Several windows can pick one position: scatter-add, per (n, c) plane, the gradient at the
+        # flat positions the indices hold. Batched (N, C, *spatial) and unbatched (C, *spatial) inputs
+        # are both viewed as (-1, C, positions).
+        shape = op.Shape(self)
+        zeros = op.CastLike(op.ConstantOfShape(op.Shape(op.Reshape(self, _planes(self, spatial)))), grad_output)
+        grad = op.ScatterElements(
+            zeros, op.Reshape(indices, _planes(indices, spatial)),
+            op.Reshape(grad_output, _planes(grad_output, spatial)),
+            axis=2, reduction="add",
+        )
+        return op.Reshape(grad, shape)
+    # Windows that do not overlap pick each position at most once, so MaxUnpool places the gradient
+    # (about three times faster than the scatter-add); it takes positions over the whole tensor.
+    unbatched = len(self.shape) == spatial + 1
+    if unbatched:
+        axis = op.Constant(value_ints=[0])
+        grad_output, self, indices = (op.Unsqueeze(v, axis) for v in (grad_output, self, indices))
+    flat = op.Add(indices, _plane_offsets(self, spatial))
+    # MaxUnpool checks output_shape against a size it infers from its attributes; with unit windows that
+    # is the pooled size, never more than the input's.
+    grad = op.MaxUnpool(grad_output, flat, op.Shape(self), kernel_shape=[1] * spatial, strides=[1] * spatial)
+    return op.Squeeze(grad, op.Constant(value_ints=[0])) if unbatched else grad
 
 
 @project_rule(aten.max_pool2d_with_indices_backward.default)
@@ -33,16 +104,22 @@ def aten_max_pool2d_with_indices_backward(
     indices,
 ):
     """max_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor"""
-    # indices hold, per (n, c) plane, the flat position of each window's maximum: scatter-add the
-    # gradient there. Overlapping windows can pick the same position, hence the reduction. Batched
-    # (N, C, H, W) and unbatched (C, H, W) inputs are both viewed as (-1, C, H*W).
-    shape = op.Shape(self)
-    zeros = op.CastLike(op.ConstantOfShape(op.Shape(op.Reshape(self, _planes(self)))), grad_output)
-    grad = op.ScatterElements(
-        zeros, op.Reshape(indices, _planes(indices)), op.Reshape(grad_output, _planes(grad_output)),
-        axis=2, reduction="add",
-    )
-    return op.Reshape(grad, shape)
+    return _max_pool_backward(grad_output, self, indices, 2, kernel_size, stride, padding, dilation)
+
+
+@project_rule(aten.max_pool3d_with_indices_backward.default)
+def aten_max_pool3d_with_indices_backward(
+    grad_output,
+    self,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    ceil_mode: bool,
+    indices,
+):
+    """max_pool3d_with_indices_backward(Tensor grad_output, Tensor self, int[3] kernel_size, int[3] stride, int[3] padding, int[3] dilation, bool ceil_mode, Tensor indices) -> Tensor"""
+    return _max_pool_backward(grad_output, self, indices, 3, kernel_size, stride, padding, dilation)
 
 
 def _avg_pool_divisor(self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override) -> np.ndarray:
