@@ -32,6 +32,8 @@ _TORCH_TO_ONNX = {
     torch.bool: onnx.TensorProto.BOOL,
 }
 
+_ONNX_TO_TORCH = {v: k for k, v in _TORCH_TO_ONNX.items()}
+
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -119,6 +121,26 @@ def _explain_missing_kernel(model: onnx.ModelProto, message: str) -> str:
     return "".join(lines)
 
 
+def _static_outputs(model: onnx.ModelProto, names: Sequence[str]) -> list[tuple[str, tuple[int, ...], torch.dtype, int]] | None:
+    """(name, shape, torch dtype, ONNX dtype) of every output, if every one has a static shape, a
+    non-zero size and a dtype torch has; otherwise None."""
+    declared = {o.name: o.type.tensor_type for o in model.graph.output}
+    outputs = []
+    for name in names:
+        tensor_type = declared.get(name)
+        if tensor_type is None or not tensor_type.HasField("shape"):
+            return None
+        dims = tensor_type.shape.dim
+        if not all(d.HasField("dim_value") for d in dims):
+            return None
+        shape = tuple(d.dim_value for d in dims)
+        dtype = _ONNX_TO_TORCH.get(tensor_type.elem_type)
+        if dtype is None or 0 in shape:
+            return None
+        outputs.append((name, shape, dtype, tensor_type.elem_type))
+    return outputs
+
+
 class OrtGraph:
     """A lowered graph and its session: a boxed callable for AOTAutograd's runtime wrappers.
 
@@ -154,6 +176,10 @@ class OrtGraph:
         # ONNX Runtime hands bool tensors to DLPack as uint8; the output's declared type says which they are.
         declared = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
         self._bool_outputs = [declared.get(n) == onnx.TensorProto.BOOL for n in self._onnx_outputs]
+        self._preallocated = _static_outputs(model, self._onnx_outputs)
+        # Per input: the (address, shape, dtype) bound last. Parameters keep their memory from step to
+        # step, so most inputs need no new binding.
+        self._bound: dict[str, tuple[int, tuple[int, ...], int]] = {}
         self._session = None
         if self._onnx_outputs:
             try:
@@ -216,22 +242,41 @@ class OrtGraph:
                 dtype = _TORCH_TO_ONNX.get(arg.dtype)
                 if dtype is None:
                     raise RuntimeSessionError(f"graph {self.name!r}: ONNX Runtime cannot take {arg.dtype} tensors")
-                binding.bind_input(spec.onnx_name, self._ort_device, dtype, list(arg.shape), arg.data_ptr())
-            # Outputs are bound afresh on every run: an output ONNX Runtime allocated in the last run stays
-            # bound and would be written over in place, under a tensor the caller still holds.
+                bound = (arg.data_ptr(), tuple(arg.shape), dtype)
+                if self._bound.get(spec.onnx_name) != bound:
+                    # A binding only records an address and a shape: the same ones bind the same memory.
+                    binding.bind_input(spec.onnx_name, self._ort_device, dtype, list(bound[1]), bound[0])
+                    self._bound[spec.onnx_name] = bound
+            if self._preallocated is not None:
+                # Outputs whose shapes are all static are allocated by torch and bound by address:
+                # ONNX Runtime writes its results there, and no DLPack conversion follows.
+                results = []
+                for output, shape, dtype, onnx_dtype in self._preallocated:
+                    result = torch.empty(shape, dtype=dtype, device=self.device)
+                    binding.bind_output(output, self._ort_device, onnx_dtype, list(shape), result.data_ptr())
+                    results.append(result)
+                self._run_session(binding)
+                return results
+            # Otherwise outputs are bound afresh on every run: an output ONNX Runtime allocated in the last
+            # run stays bound and would be written over in place, under a tensor the caller still holds.
             for output in self._onnx_outputs:
                 binding.bind_output(output, self._ort_device)
-            try:
-                self._session._sess.run_with_iobinding(binding, None)
-            except Exception as e:
-                raise RuntimeSessionError(f"ONNX Runtime failed running graph {self.name!r}: {e}") from e
+            self._run_session(binding)
             values = binding.get_outputs()
-            self.runs += 1
             results = [torch.from_dlpack(values[i]) for i in range(len(values))]
         for i, is_bool in enumerate(self._bool_outputs):
             if is_bool and results[i].dtype != torch.bool:
                 results[i] = results[i].view(torch.bool)
         return results
+
+    def _run_session(self, binding: Any) -> None:
+        try:
+            self._session._sess.run_with_iobinding(binding, None)
+        except Exception as e:
+            # A failed run may leave inputs half bound: bind every one again next time.
+            self._bound.clear()
+            raise RuntimeSessionError(f"ONNX Runtime failed running graph {self.name!r}: {e}") from e
+        self.runs += 1
 
     @property
     def session(self) -> ort.InferenceSession | None:
