@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch._functorch.config
 import torch.fx
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
@@ -53,7 +54,11 @@ def capture(
 
     # Attention is traced through its math formulation, so that the backward graph holds matmul and
     # softmax gradients rather than the fused CPU kernel's backward, which has no ONNX equivalent.
-    with sdpa_kernel(SDPBackend.MATH):
+    # AOTAutograd's common-subexpression pass on the joint graph is left out: ONNX Runtime's graph
+    # optimizer eliminates common subexpressions in each model anyway, and the pass imports inductor's
+    # pattern matcher and lowerings, which cost a process about 1.2 s and 40 MiB (measured here; the
+    # benchmark's transformer layer partitions into the same graphs either way).
+    with sdpa_kernel(SDPBackend.MATH), torch._functorch.config.patch(cse=False):
         return aot_module_simplified(
             gm,
             example_inputs,
