@@ -179,6 +179,29 @@ def test_outputs_of_earlier_calls_are_not_overwritten():
     torch.testing.assert_close(b, torch.full((4,), 11.0))
 
 
+def test_inputs_bound_at_the_same_address_read_their_current_contents():
+    # An input whose address and shape did not change is not bound again: its new contents must count,
+    # and another tensor of the same shape must be read from its own memory.
+    compiled = torch.compile(lambda x, y: x * 2 + y, backend="aot2onnx")
+    x, y = torch.ones(4), torch.zeros(4)
+    torch.testing.assert_close(compiled(x, y), torch.full((4,), 2.0))
+    x.fill_(3.0)
+    torch.testing.assert_close(compiled(x, y), torch.full((4,), 6.0))
+    torch.testing.assert_close(compiled(torch.full((4,), 5.0), y), torch.full((4,), 10.0))
+    torch.testing.assert_close(compiled(x, torch.ones(4)), torch.full((4,), 7.0))
+
+
+def test_sessions_share_one_cpu_arena():
+    model = _mlp()
+    aot2onnx.reset_compiled_graphs()
+    torch.compile(model, backend="aot2onnx")(torch.randn(5, 8)).sum().backward()
+    graphs = aot2onnx.compiled_graphs()
+    assert len(graphs) == 2
+    for graph in graphs:
+        so = graph.session.get_session_options()
+        assert so.get_session_config_entry("session.use_env_allocators") == "1"
+
+
 @torch.library.custom_op("aot2onnx_test::scaled_tanh", mutates_args=())
 def scaled_tanh(x: torch.Tensor, scale: float) -> torch.Tensor:
     return torch.tanh(x) * scale
