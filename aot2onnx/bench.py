@@ -1130,7 +1130,8 @@ def _method(results: dict[str, Any]) -> str:
         "outputs, DLPack). ONNX Runtime's kernel time comes from a separate copy of the model compiled with "
         "ONNX Runtime's profiler on (the sum of the `Node` kernel durations of its JSON trace over the same "
         "number of steps, warm-up runs left out); the run time minus that is ONNX Runtime's executor and "
-        "allocation overhead. Noise: the CPU time other processes used while each model was measured (the "
+        "allocation overhead (the profiler slows the kernels a little, so this can come out negative, which "
+        "then means the overhead is below what profiling adds). Noise: the CPU time other processes used while each model was measured (the "
         "machine's busy time from /proc/stat minus this process's and its children's) is reported at the top; "
         f"above {BUSY_CORES} cores on average the report calls the machine busy."
     )
