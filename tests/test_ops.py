@@ -329,3 +329,80 @@ def test_cross_entropy_inside_the_graph(name):
     # nll_loss_forward's total_weight divides the gradient of a mean: torch_lib's placeholder made every
     # gradient N times too large.
     _check_fn(LOSSES[name], torch.randn(6, 5), torch.tensor([0, 4, 2, 2, 1, 3]))
+
+
+def _random_conv_case(rng):
+    spatial = rng.choice([1, 2, 2, 3])
+    groups = rng.choice([1, 1, 2, 3])
+    c_in, c_out = groups * rng.randint(1, 3), groups * rng.randint(1, 3)
+    kernel = [rng.randint(1, 4) for _ in range(spatial)]
+    stride = [rng.randint(1, 3) for _ in range(spatial)]
+    dilation = [rng.randint(1, 2) for _ in range(spatial)]
+    padding = [rng.randint(0, (k - 1) * d) for k, d in zip(kernel, dilation)]
+    size = [rng.randint((k - 1) * d + 1, 12) for k, d in zip(kernel, dilation)]
+    x = torch.randn(rng.randint(1, 3), c_in, *size)
+    if rng.random() < 0.3:
+        w = torch.randn(c_in, c_out // groups, *kernel)
+        output_padding = [rng.randint(0, min(s, d) - 1) for s, d in zip(stride, dilation)]
+        conv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[spatial - 1]
+        return (lambda x, w: conv(x, w, None, stride, padding, output_padding, groups, dilation)), x, w
+    w = torch.randn(c_out, c_in // groups, *kernel)
+    conv = (F.conv1d, F.conv2d, F.conv3d)[spatial - 1]
+    return (lambda x, w: conv(x, w, None, stride, padding, dilation, groups)), x, w
+
+
+def _random_max_pool_case(rng):
+    spatial = rng.choice([1, 2, 2, 3])
+    kernel = [rng.randint(1, 4) for _ in range(spatial)]
+    stride = [rng.randint(1, 4) for _ in range(spatial)]
+    dilation = [rng.randint(1, 2) for _ in range(spatial)]
+    padding = [rng.randint(0, k // 2) for k in kernel]
+    ceil_mode = rng.random() < 0.4
+    size = [rng.randint((k - 1) * d + 1, 11) for k, d in zip(kernel, dilation)]
+    x = torch.randn(*([2] if rng.random() < 0.7 else []), 3, *size)
+    if rng.random() < 0.3:
+        x = x.round()  # ties inside windows
+    pool = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[spatial - 1]
+    return lambda x: pool(x, kernel, stride, padding, dilation, ceil_mode, return_indices=True), x
+
+
+def _sweep_cases(make_case, seed, count):
+    # Random configurations that torch itself accepts: the ones it rejects (an output size below one) are
+    # drawn again.
+    import random
+
+    rng = random.Random(seed)
+    cases = []
+    while len(cases) < count:
+        torch.manual_seed(len(cases))
+        case = make_case(rng)
+        try:
+            case[0](*case[1:])
+        except RuntimeError:
+            continue
+        cases.append(case)
+    return cases
+
+
+@pytest.mark.parametrize("count", [8, pytest.param(40, marks=pytest.mark.slow)])
+def test_random_convolutions(count):
+    # 1d/2d/3d, groups, stride, padding, dilation, transposed with output padding: the weight gradient's
+    # unfolded matrix product and the input gradient against eager.
+    for fn, x, w in _sweep_cases(_random_conv_case, 0, count):
+        torch._dynamo.reset()
+        _check_fn(fn, x, w)
+
+
+@pytest.mark.parametrize("count", [8, pytest.param(40, marks=pytest.mark.slow)])
+def test_random_max_pools(count):
+    # Values, indices and gradients are exact, ties included.
+    for fn, x in _sweep_cases(_random_max_pool_case, 1, count):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="aot2onnx", fullgraph=True)
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        (values_e, indices_e), (values_c, indices_c) = fn(xe), compiled(xc)
+        assert torch.equal(values_c, values_e) and torch.equal(indices_c, indices_e)
+        cotangent = torch.randn(values_e.shape)
+        values_e.backward(cotangent)
+        values_c.backward(cotangent)
+        torch.testing.assert_close(xc.grad, xe.grad, rtol=0, atol=1e-6)
