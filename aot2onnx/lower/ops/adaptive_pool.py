@@ -1,4 +1,4 @@
-"""Adaptive pooling (forward and backward) and the max-pool backward of the shapes pool.py does not cover.
+"""Adaptive pooling, forward and backward.
 
 An adaptive pool's output cell o along a dim of size n (out cells m) covers [floor(o n / m), ceil((o+1) n / m)).
 Average pooling is separable: a matrix per spatial dim, applied with MatMul. Max pooling compares each
@@ -16,6 +16,7 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
+from aot2onnx.lower.ops.pool import _planes, _scatter_add_to_planes
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -99,11 +100,6 @@ def aten__adaptive_avg_pool3d_backward(grad_output, self):
     return _adaptive_avg_backward(grad_output, self, 3)
 
 
-def _planes(x, spatial: int):
-    """x [..., *spatial] as [..., positions]."""
-    return op.Reshape(x, op.Concat(op.Shape(x, end=-spatial), op.Constant(value_ints=[-1]), axis=0))
-
-
 def _adaptive_max(self, output_size: Sequence[int]):
     spatial = len(output_size)
     sizes = _static(self.shape[-spatial:], "input sizes")
@@ -152,21 +148,13 @@ def aten_adaptive_max_pool3d(self, output_size: Sequence[int]):
     return _adaptive_max(self, output_size)
 
 
-def _max_pool_backward(grad_output, self, indices, spatial: int):
-    # indices hold each output's flat position within its (n, c) plane: scatter-add the gradient there
-    # (windows can share a position).
-    zeros = op.CastLike(op.ConstantOfShape(op.Shape(_planes(self, spatial))), grad_output)
-    grad = op.ScatterElements(zeros, _planes(indices, spatial), _planes(grad_output, spatial), axis=-1, reduction="add")
-    return op.Reshape(grad, op.Shape(self))
-
-
 @project_rule(aten.adaptive_max_pool2d_backward.default)
 def aten_adaptive_max_pool2d_backward(grad_output, self, indices):
     """adaptive_max_pool2d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor"""
-    return _max_pool_backward(grad_output, self, indices, 2)
+    return _scatter_add_to_planes(grad_output, self, indices, 2)
 
 
 @project_rule(aten.adaptive_max_pool3d_backward.default)
 def aten_adaptive_max_pool3d_backward(grad_output, self, indices):
     """adaptive_max_pool3d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor"""
-    return _max_pool_backward(grad_output, self, indices, 3)
+    return _scatter_add_to_planes(grad_output, self, indices, 3)

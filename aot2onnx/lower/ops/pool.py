@@ -1,4 +1,4 @@
-"""Pooling backward."""
+"""Max pooling with torch's indices, and pooling backward."""
 
 from __future__ import annotations
 
@@ -16,9 +16,16 @@ aten = torch.ops.aten
 
 
 def _planes(x, spatial: int):
-    """The shape (-1, C, positions) of x (N, C, *spatial) or (C, *spatial): one row per (n, c) plane."""
-    plane_size = op.ReduceProd(op.Shape(x, start=-spatial), keepdims=1)
-    return op.Concat(op.Constant(value_ints=[-1]), op.Shape(x, start=-spatial - 1, end=-spatial), plane_size, axis=0)
+    """x [..., *spatial] as [..., positions]: one row per (n, c) plane, batched or not."""
+    return op.Reshape(x, op.Concat(op.Shape(x, end=-spatial), op.Constant(value_ints=[-1]), axis=0))
+
+
+def _scatter_add_to_planes(grad_output, self, indices, spatial: int):
+    """The gradient of a max pool whose indices hold each window's flat position within its plane:
+    scatter-added there, since windows that overlap can pick one position."""
+    zeros = op.CastLike(op.ConstantOfShape(op.Shape(_planes(self, spatial))), grad_output)
+    grad = op.ScatterElements(zeros, _planes(indices, spatial), _planes(grad_output, spatial), axis=-1, reduction="add")
+    return op.Reshape(grad, op.Shape(self))
 
 
 def _max_pool_attributes(spatial: int, kernel_size, stride, padding, dilation):
@@ -68,17 +75,7 @@ def _max_pool_backward(grad_output, self, indices, spatial: int, kernel_size, st
     kernel, strides, _, dilations = _max_pool_attributes(spatial, kernel_size, stride, padding, dilation)
     overlapping = any(s < d * (k - 1) + 1 for k, s, d in zip(kernel, strides, dilations))
     if overlapping:
-        # Several windows can pick one position: scatter-add, per (n, c) plane, the gradient at the
-        # flat positions the indices hold. Batched (N, C, *spatial) and unbatched (C, *spatial) inputs
-        # are both viewed as (-1, C, positions).
-        shape = op.Shape(self)
-        zeros = op.CastLike(op.ConstantOfShape(op.Shape(op.Reshape(self, _planes(self, spatial)))), grad_output)
-        grad = op.ScatterElements(
-            zeros, op.Reshape(indices, _planes(indices, spatial)),
-            op.Reshape(grad_output, _planes(grad_output, spatial)),
-            axis=2, reduction="add",
-        )
-        return op.Reshape(grad, shape)
+        return _scatter_add_to_planes(grad_output, self, indices, spatial)
     # Windows that do not overlap pick each position at most once, so MaxUnpool places the gradient
     # (about three times faster than the scatter-add); it takes positions over the whole tensor.
     unbatched = len(self.shape) == spatial + 1
