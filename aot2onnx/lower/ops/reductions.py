@@ -324,6 +324,21 @@ def aten_min_dim(self, dim: int, keepdim: bool = False):
     return _extremum(op.ReduceMin, self, [dim], keepdim), _arg_extremum(torchlib_core.aten_argmin, self, dim, keepdim)
 
 
+def _histogram_counts(x, position, edges, bins: int, weight, density: bool):
+    """The histogram of the flat values x, given each one's bin (``bins`` for values outside every bin):
+    per-bin counts or weight sums, divided by total and bin width for a density."""
+    counts = op.CastLike(op.Expand(op.Constant(value_float=1.0), op.Shape(x)), x) if weight is None else op.Reshape(
+        weight, op.Constant(value_ints=[-1]))
+    hist = op.ScatterElements(op.CastLike(op.ConstantOfShape(op.Constant(value_ints=[bins + 1])), x), position, counts,
+                              axis=0, reduction="add")
+    hist = op.Slice(hist, op.Constant(value_ints=[0]), op.Constant(value_ints=[bins]), op.Constant(value_ints=[0]))
+    if density:
+        widths = op.Sub(op.Slice(edges, op.Constant(value_ints=[1]), op.Constant(value_ints=[bins + 1])),
+                        op.Slice(edges, op.Constant(value_ints=[0]), op.Constant(value_ints=[bins])))
+        hist = op.Div(hist, op.Mul(op.ReduceSum(hist, keepdims=0), widths))
+    return hist
+
+
 @project_rule(aten.histogram.bin_ct)
 def aten_histogram_bin_ct(self, bins: int = 100, range: Sequence[float] | None = None, weight=None,
                           density: bool = False):
@@ -351,16 +366,7 @@ def aten_histogram_bin_ct(self, bins: int = 100, range: Sequence[float] | None =
                         op.Add(position, op.Constant(value_int=1)), position)
     inside = op.And(op.GreaterOrEqual(x, left), op.LessOrEqual(x, right))
     position = op.Where(inside, position, op.Constant(value_int=bins))  # an extra bin, dropped below
-    counts = op.CastLike(op.Expand(op.Constant(value_float=1.0), op.Shape(x)), x) if weight is None else op.Reshape(
-        weight, op.Constant(value_ints=[-1]))
-    hist = op.ScatterElements(op.CastLike(op.ConstantOfShape(op.Constant(value_ints=[bins + 1])), x), position, counts,
-                              axis=0, reduction="add")
-    hist = op.Slice(hist, op.Constant(value_ints=[0]), op.Constant(value_ints=[bins]), op.Constant(value_ints=[0]))
-    if density:
-        widths = op.Sub(op.Slice(edges, op.Constant(value_ints=[1]), op.Constant(value_ints=[bins + 1])),
-                        op.Slice(edges, op.Constant(value_ints=[0]), op.Constant(value_ints=[bins])))
-        hist = op.Div(hist, op.Mul(op.ReduceSum(hist, keepdims=0), widths))
-    return hist, edges
+    return _histogram_counts(x, position, edges, bins, weight, density), edges
 
 
 @project_rule(aten.histogram.bins_tensor)
@@ -378,14 +384,5 @@ def aten_histogram_bins_tensor(self, bins, weight=None, density: bool = False):
     first = op.Gather(bins, op.Constant(value_int=0), axis=0)
     last = op.Gather(bins, op.Constant(value_int=count), axis=0)
     inside = op.And(op.GreaterOrEqual(x, first), op.LessOrEqual(x, last))
-    position = op.Where(inside, position, op.Constant(value_int=count))
-    weights = op.CastLike(op.Expand(op.Constant(value_float=1.0), op.Shape(x)), x) if weight is None else op.Reshape(
-        weight, op.Constant(value_ints=[-1]))
-    hist = op.ScatterElements(op.CastLike(op.ConstantOfShape(op.Constant(value_ints=[count + 1])), x), position, weights,
-                              axis=0, reduction="add")
-    hist = op.Slice(hist, op.Constant(value_ints=[0]), op.Constant(value_ints=[count]), op.Constant(value_ints=[0]))
-    if density:
-        widths = op.Sub(op.Slice(bins, op.Constant(value_ints=[1]), op.Constant(value_ints=[count + 1])),
-                        op.Slice(bins, op.Constant(value_ints=[0]), op.Constant(value_ints=[count])))
-        hist = op.Div(hist, op.Mul(op.ReduceSum(hist, keepdims=0), widths))
-    return hist, op.Identity(bins)
+    position = op.Where(inside, position, op.Constant(value_int=count))  # an extra bin, dropped below
+    return _histogram_counts(x, position, bins, count, weight, density), op.Identity(bins)
