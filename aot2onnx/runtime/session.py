@@ -255,26 +255,22 @@ class OrtGraph:
             # Outputs are bound afresh on every run: an output ONNX Runtime allocated in the last run stays
             # bound and would be written over in place, under a tensor the caller still holds. (Outputs
             # allocated by torch and bound by address would save the DLPack conversions, about 0.15 ms
-            # per MLP step, but keep a second pool beside ONNX Runtime's arena: 40-70 MiB more peak RSS on
-            # the benchmark's transformer and CNN.)
+            # per MLP step, but keep a second pool beside ONNX Runtime's arena: 30-70 MiB more peak RSS on
+            # the benchmark's GPT, transformer layer and CNN.)
             for output in self._onnx_outputs:
                 binding.bind_output(output, self._ort_device)
-            self._run_session(binding)
+            try:
+                self._session._sess.run_with_iobinding(binding, None)
+            except Exception as e:
+                self._bound.clear()  # bind every input afresh after a failure
+                raise RuntimeSessionError(f"ONNX Runtime failed running graph {self.name!r}: {e}") from e
+            self.runs += 1
             values = binding.get_outputs()
             results = [torch.from_dlpack(values[i]) for i in range(len(values))]
         for i, is_bool in enumerate(self._bool_outputs):
             if is_bool and results[i].dtype != torch.bool:
                 results[i] = results[i].view(torch.bool)
         return results
-
-    def _run_session(self, binding: Any) -> None:
-        try:
-            self._session._sess.run_with_iobinding(binding, None)
-        except Exception as e:
-            # A failed run may leave inputs half bound: bind every one again next time.
-            self._bound.clear()
-            raise RuntimeSessionError(f"ONNX Runtime failed running graph {self.name!r}: {e}") from e
-        self.runs += 1
 
     @property
     def session(self) -> ort.InferenceSession | None:

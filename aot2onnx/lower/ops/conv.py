@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 
@@ -72,23 +71,19 @@ def _grad_weight_unfolded(grad_output, input, weight, stride, padding, dilation,
     in_dims, go_dims, w_dims = _static_dims(input), _static_dims(grad_output), _static_dims(weight)
     if in_dims is None or go_dims is None or w_dims is None:
         return None
-    kernel, out = w_dims[2:], go_dims[2:]
-    offsets = list(itertools.product(*(range(k) for k in kernel)))
-    positions = math.prod(out)
-    # The unfolded input and the one-hot kernel below must both stay small.
-    if in_dims[0] * in_dims[1] * len(offsets) * positions > _UNFOLD_LIMIT or in_dims[1] * len(offsets) ** 2 > 1 << 22:
-        return None
     n, c_in, c_out = in_dims[0], in_dims[1], go_dims[1]
+    kernel, out = w_dims[2:], go_dims[2:]
+    taps, positions = math.prod(kernel), math.prod(out)
+    # The unfolded input and the one-hot kernel below must both stay small.
+    if n * c_in * taps * positions > _UNFOLD_LIMIT or c_in * taps**2 > 1 << 22:
+        return None
     # The unfolding is itself a convolution: group i has one output channel per kernel offset, whose
     # kernel is 1 at that offset, so output channel i*K + k is input channel i shifted by k (with the
     # forward's padding, stride and dilation), the order of the weight's flattened (Cin/g, *k).
-    one_hot = np.zeros((c_in * len(offsets), 1, *kernel), dtype=np.float32)
-    for i in range(c_in):
-        for j, offset in enumerate(offsets):
-            one_hot[(i * len(offsets) + j, 0, *offset)] = 1.0
+    one_hot = np.tile(np.eye(taps, dtype=np.float32).reshape(taps, 1, *kernel), (c_in, 1, *[1] * len(kernel)))
     shifts = op.CastLike(op.Constant(value=ir.tensor(one_hot)), input)
     cols = op.Conv(input, shifts, strides=stride, pads=list(padding) * 2, dilations=dilation, group=c_in)
-    cols = op.Reshape(cols, op.Constant(value_ints=[n, groups, c_in // groups * len(offsets), positions]))
+    cols = op.Reshape(cols, op.Constant(value_ints=[n, groups, c_in // groups * taps, positions]))
     dy = op.Reshape(grad_output, op.Constant(value_ints=[n, groups, c_out // groups, positions]))
     per_sample = op.MatMul(dy, op.Transpose(cols, perm=[0, 1, 3, 2]))  # (N, g, Cout/g, Cin/g * K)
     total = op.ReduceSum(per_sample, op.Constant(value_ints=[0]), keepdims=0)
