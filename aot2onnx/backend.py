@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
 import os
+import pathlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,7 +16,15 @@ import onnx
 import torch
 import torch.fx
 
-from aot2onnx.cache import GraphCache, default_cache_dir, environment_key, function_fingerprint, graph_key
+from aot2onnx.cache import (
+    CachedGraph,
+    GraphCache,
+    default_cache_dir,
+    environment_key,
+    function_fingerprint,
+    graph_key,
+    package_fingerprint,
+)
 from aot2onnx.capture import GraphKind, capture, decomposition_table
 from aot2onnx.capture.fastpath import FASTPATH_DECOMPOSITIONS
 from aot2onnx.errors import LoweringError
@@ -105,14 +115,33 @@ def _graph_label(gm: torch.fx.GraphModule) -> str:
     return "graph"
 
 
+def _aot_cache_dir(cache: GraphCache, options: Options) -> pathlib.Path:
+    """Where AOTAutogradCache keeps this configuration's entries: its key covers the Dynamo graph, the
+    inputs and torch's settings, and the directory covers the rest (options, user rules, our source)."""
+    settings = repr(dataclasses.replace(options, cache_dir=None))
+    return cache.directory / "aot" / environment_key("AOTAutograd", package_fingerprint(), settings, _user_rule_keys())
+
+
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: Options) -> Callable:
     """Compiles a Dynamo graph: AOTAutograd captures it, and every graph it produces runs on ONNX Runtime."""
     device = _device_of(example_inputs)
     label = f"g{next(_graph_ids):03d}_{_graph_label(gm)}"
     cache = _graph_cache(options)
 
-    def compile_graph(graph: torch.fx.GraphModule, inputs: Sequence[Any], kind: GraphKind, capture_s: float) -> OrtGraph:
+    def compile_graph(
+        graph: torch.fx.GraphModule, inputs: Sequence[Any], kind: GraphKind, capture_s: float
+    ) -> tuple[OrtGraph | FallbackGraph, str | None]:
         return _compile_graph(graph, f"{label}_{kind.value}", kind, device, options, cache, capture_s)
+
+    def load_graph(key: str, kind: GraphKind) -> OrtGraph:
+        assert cache is not None
+        start = time.perf_counter()
+        cached = cache.load(key)
+        if cached is None:
+            raise LookupError(f"aot2onnx: the lowered {kind.value} graph {key} is not in the cache any more")
+        return _start_cached(
+            cached, f"{label}_{kind.value}", kind, device, options, 0.0, start, "cache hit, no capture"
+        )
 
     return capture(
         gm,
@@ -120,6 +149,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, optio
         compile_graph=compile_graph,
         decompositions=_decompositions(options.opset, cache),
         partitioner=options.partitioner,
+        load_graph=load_graph if cache is not None else None,
+        cache_dir=_aot_cache_dir(cache, options) if cache is not None else None,
     )
 
 
@@ -131,35 +162,46 @@ def _compile_graph(
     options: Options,
     cache: GraphCache | None,
     capture_s: float,
-) -> OrtGraph | FallbackGraph:
+) -> tuple[OrtGraph | FallbackGraph, str | None]:
+    """The graph's runner, and its key in the graph cache (``None`` where the cache cannot make it again)."""
     start = time.perf_counter()
     key = graph_key(graph, opset=options.opset, rules=list(user_rules())) if cache is not None else None
     cached = cache.load(key) if cache is not None else None
     if cached is not None:
-        # Only whole lowerings are stored, so a hit needs neither the registry nor the fallback check, nor
-        # the lowering's imports (onnxscript, torch's exporter): a process that only hits starts faster.
-        model = reseed(onnx.load_from_string(cached.model_bytes))  # fresh seeds, as a new lowering gets
-        lowered = LoweredGraph(model, cached.signature, cached.fx_node_count, len(model.graph.node))
-        return _start_session(lowered, name, kind, device, options, capture_s, time.perf_counter() - start, "cache hit")
+        return _start_cached(cached, name, kind, device, options, capture_s, start, "cache hit"), key
     from aot2onnx.lower.translate import lower_graph
 
     registry = default_registry()
     if options.fallback and unsupported_targets(graph, registry, options.opset):
         def compile_partition(partition: torch.fx.GraphModule, partition_name: str) -> OrtGraph:
-            return _compile_graph(partition, partition_name, kind, device, options, cache, capture_s)
+            return _compile_graph(partition, partition_name, kind, device, options, cache, capture_s)[0]
 
-        return split_unsupported(
+        split = split_unsupported(
             graph, name=name, registry=registry, opset=options.opset, compile_partition=compile_partition
         )
+        return split, None
     lowered = lower_graph(graph, name=name, opset=options.opset, registry=registry)
     if options.check_model:
         try:
             onnx.checker.check_model(lowered.model)
         except onnx.checker.ValidationError as e:
             raise LoweringError(f"the lowered model of graph {name!r} fails onnx.checker: {e}") from e
-    if cache is not None:
-        cache.store(key, lowered.model.SerializeToString(), lowered.signature, lowered.fx_node_count)
-    return _start_session(lowered, name, kind, device, options, capture_s, time.perf_counter() - start, "lowered")
+    stored = cache is not None and cache.store(
+        key, lowered.model.SerializeToString(), lowered.signature, lowered.fx_node_count
+    )
+    runner = _start_session(lowered, name, kind, device, options, capture_s, time.perf_counter() - start, "lowered")
+    return runner, key if stored else None
+
+
+def _start_cached(
+    cached: CachedGraph, name: str, kind: GraphKind, device: torch.device, options: Options, capture_s: float,
+    start: float, how: str,
+) -> OrtGraph:
+    # Only whole lowerings are stored, so a hit needs neither the registry nor the fallback check, nor the
+    # lowering's imports (onnxscript, torch's exporter): a process that only hits starts faster.
+    model = reseed(onnx.load_from_string(cached.model_bytes))  # fresh seeds, as a new lowering gets
+    lowered = LoweredGraph(model, cached.signature, cached.fx_node_count, len(model.graph.node))
+    return _start_session(lowered, name, kind, device, options, capture_s, time.perf_counter() - start, how)
 
 
 def _start_session(

@@ -11,6 +11,9 @@ renamed, so a process killed mid-write leaves at most a temporary file, never an
 stores a digest of its model bytes and its own key, and an entry that does not verify is ignored. Nothing
 in an entry is unpickled: the header is JSON, the model is ONNX protobuf.
 
+The directory's ``aot/`` part is AOTAutograd's own cache, one level up (see ``aot2onnx.capture.aot``);
+its entries are torch's pickles, which name graphs of this cache by key.
+
 ``AOT2ONNX_CACHE_DIR`` sets the directory (default ``$XDG_CACHE_HOME/aot2onnx`` or ``~/.cache/aot2onnx``);
 setting it to an empty string, ``0`` or ``off`` turns the cache off, as does the ``cache=False`` option.
 """
@@ -34,7 +37,15 @@ import torch.fx
 
 from aot2onnx.signature import GraphSignature, InputKind, InputSpec, OutputKind, OutputSpec
 
-__all__ = ["CachedGraph", "GraphCache", "default_cache_dir", "environment_key", "function_fingerprint", "graph_key"]
+__all__ = [
+    "CachedGraph",
+    "GraphCache",
+    "default_cache_dir",
+    "environment_key",
+    "function_fingerprint",
+    "graph_key",
+    "package_fingerprint",
+]
 
 logger = logging.getLogger("aot2onnx")
 
@@ -64,6 +75,18 @@ def _environment_fingerprint() -> str:
     # The package version does not change with every edit of a rule; the source of the lowering does.
     root = pathlib.Path(__file__).parent
     for path in sorted([*root.joinpath("lower").rglob("*.py"), root / "signature.py", root / "cache.py"]):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def package_fingerprint() -> str:
+    """A digest of all of aot2onnx's source: AOTAutograd-level entries also depend on the capture (the
+    decomposition table, the partitioner's settings) and on the backend's glue."""
+    digest = hashlib.sha256()
+    root = pathlib.Path(__file__).parent
+    for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

@@ -1,21 +1,37 @@
-"""AOTAutograd with our graph compilers."""
+"""AOTAutograd with our graph compilers, and AOTAutograd's own cache above them."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 import functools
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+from unittest import mock
 
 import torch
 import torch._functorch.config
 import torch.fx
+from torch._functorch._aot_autograd import autograd_cache
+from torch._functorch._aot_autograd.autograd_cache import (
+    AOTAUTOGRAD_CACHE_PREFIX,
+    AOTAutogradCache,
+    AOTAutogradCacheDetails,
+    AOTAutogradCachePickler,
+    BypassAOTAutogradCache,
+    check_node_safe,
+    sanitize_gm_for_cache,
+)
+from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
+from torch._inductor.output_code import OutputCode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["GraphKind", "capture"]
+__all__ = ["GraphKind", "ReloadableGraph", "capture"]
 
 PARTITIONERS = {"min_cut": min_cut_rematerialization_partition, "default": default_partition}
 
@@ -26,8 +42,55 @@ class GraphKind(enum.Enum):
     INFERENCE = "inference"
 
 
-# compile_graph(gm, example_inputs, kind, capture_seconds) -> boxed callable
-GraphCompiler = Callable[[torch.fx.GraphModule, Sequence[Any], GraphKind, float], Callable]
+# compile_graph(gm, example_inputs, kind, capture_seconds) -> (boxed callable, its key or None); the key is
+# what load_graph(key, kind) takes to make the same callable again in a later process.
+GraphCompiler = Callable[[torch.fx.GraphModule, Sequence[Any], GraphKind, float], tuple[Callable, str | None]]
+GraphLoader = Callable[[str, GraphKind], Callable]
+
+# The loader of the capture in progress: AOTAutogradCache unpickles a ReloadableGraph and calls its
+# post_compile with nothing of ours in reach.
+_LOADER: contextvars.ContextVar[GraphLoader] = contextvars.ContextVar("aot2onnx_graph_loader")
+
+
+class ReloadableGraph(OutputCode):
+    """A compiled graph as AOTAutogradCache keeps it: the key its compiler loads it back by.
+
+    AOTAutogradCache stores what it needs to rebuild its runtime wrappers (the view and mutation
+    metadata, the epilogue's instructions) beside the compiled forward and backward, which it requires to
+    be ``OutputCode`` objects it can pickle. This one pickles as its key and kind; on a hit, its
+    ``post_compile`` asks the capture's ``load_graph`` for the callable (for aot2onnx: the lowered model
+    from the graph cache and a new ONNX Runtime session). A graph without a key (one split around
+    unsupported nodes, which runs FX code) makes the entry uncacheable, so AOTAutograd stores nothing.
+    """
+
+    def __init__(self, runner: Callable | None, key: str | None, kind: GraphKind) -> None:
+        self.runner = runner
+        self.key = key
+        self.kind = kind
+        # Set on the instance: torch._dynamo.disable, which wraps a reloaded backward, copies the
+        # instance's __dict__ onto its wrapper, and AOTAutograd reads the calling convention there.
+        self._boxed_call = True
+
+    def __call__(self, args: list[Any]) -> Any:
+        return self.runner(args)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"key": self.key, "kind": self.kind}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(None, state["key"], state["kind"])
+
+    def prepare_for_serialization(self) -> None:
+        if self.key is None:
+            raise BypassAOTAutogradCache(f"the {self.kind.value} graph runs partly in PyTorch (fallback)")
+        self.runner = None
+
+    def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
+        if self.runner is None:
+            self.runner = _LOADER.get()(self.key, self.kind)
+
+    def set_triton_bundle(self, triton_bundle: Any) -> None:
+        pass
 
 
 def capture(
@@ -37,12 +100,21 @@ def capture(
     compile_graph: GraphCompiler,
     decompositions: dict,
     partitioner: str = "min_cut",
+    load_graph: GraphLoader | None = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> Callable:
     """Runs AOTAutograd on a Dynamo graph; ``compile_graph`` receives each graph it produces.
 
     AOTAutograd's runtime wrappers (the autograd.Function, the mutation epilogue, aliased-output
     regeneration, deduplication) wrap the callables ``compile_graph`` returns, which must follow the
     boxed calling convention.
+
+    With ``cache_dir`` and ``load_graph``, AOTAutograd's own cache (AOTAutogradCache) runs above the graph
+    compiler, in ``cache_dir``: on a hit, a later process skips AOTAutograd's tracing, functionalization
+    and partitioning, and ``load_graph`` makes each graph's callable from the key ``compile_graph``
+    returned with it. AOTAutogradCache keys an entry by the Dynamo graph, the inputs' metadata and
+    torch's configuration, not by what our compilers do: ``cache_dir`` must be specific to everything
+    else that decides the graphs (aot2onnx's options, source and versions).
     """
     start = time.perf_counter()
 
@@ -50,7 +122,22 @@ def capture(
         # Forward and inference graphs come out of the joint trace: its time is the capture time. The
         # backward graph was partitioned in the same trace, so it reports no capture time of its own.
         seconds = 0.0 if kind is GraphKind.BACKWARD else time.perf_counter() - start
-        return compile_graph(graph, inputs, kind, seconds)
+        compile_start = time.perf_counter_ns()
+        runner, key = compile_graph(graph, inputs, kind, seconds)
+        if not cached:
+            return runner
+        reloadable = ReloadableGraph(runner, key, kind)
+        reloadable._time_taken_ns = time.perf_counter_ns() - compile_start  # AOTAutogradCache's statistics
+        return reloadable
+
+    cached = cache_dir is not None and load_graph is not None
+    if cached:
+        compilers = {
+            kind: SerializableAOTDispatchCompiler(ReloadableGraph, functools.partial(compiler, kind))
+            for kind in GraphKind
+        }
+    else:
+        compilers = {kind: functools.partial(compiler, kind) for kind in GraphKind}
 
     # Attention is traced through its math formulation, so that the backward graph holds matmul and
     # softmax gradients rather than the fused CPU kernel's backward, which has no ONNX equivalent.
@@ -58,13 +145,75 @@ def capture(
     # optimizer eliminates common subexpressions in each model anyway, and the pass imports inductor's
     # pattern matcher and lowerings, which cost a process about 1.2 s and 40 MiB (measured here; the
     # benchmark's transformer layer partitions into the same graphs either way).
-    with sdpa_kernel(SDPBackend.MATH), torch._functorch.config.patch(cse=False):
+    with (
+        sdpa_kernel(SDPBackend.MATH),
+        torch._functorch.config.patch(cse=False),
+        _aot_autograd_cache(cache_dir, load_graph) if cached else contextlib.nullcontext(),
+    ):
         return aot_module_simplified(
             gm,
             example_inputs,
-            fw_compiler=functools.partial(compiler, GraphKind.FORWARD),
-            bw_compiler=functools.partial(compiler, GraphKind.BACKWARD),
-            inference_compiler=functools.partial(compiler, GraphKind.INFERENCE),
+            fw_compiler=compilers[GraphKind.FORWARD],
+            bw_compiler=compilers[GraphKind.BACKWARD],
+            inference_compiler=compilers[GraphKind.INFERENCE],
             decompositions=decompositions,
             partition_fn=PARTITIONERS[partitioner],
         )
+
+
+class _CacheKeyDetails(AOTAutogradCacheDetails):
+    """What AOTAutogradCache keys an entry by, without inductor's part.
+
+    torch's details also hash inductor's configuration and inductor's source, and import its lowerings
+    and code generators to do so: about 0.6 s in a fresh process here, more than a hit saves. Our entries
+    hold no inductor output. Kept: the Dynamo graph (its code, its submodules, its tensors' metadata), the
+    inputs' metadata, AOTAutograd's configuration and settings, grad mode, autocast and deterministic
+    algorithms, activation-checkpointing and saved-tensor-hook functions.
+    """
+
+    def _init_fx_graph_hash_details(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], fx_config: Any
+    ) -> None:
+        self.gm = gm
+        self.example_inputs = list(example_inputs)
+
+
+def _cache_key(
+    mod: Any, example_inputs: Sequence[Any], config: Any, compiler_config_extra: Any = None
+) -> tuple[str, list[str]]:
+    """Stands in for ``autograd_cache.autograd_cache_key`` in our captures (same safety checks, our details)."""
+    gm = mod.gm if isinstance(mod, torch._dynamo.utils.GmWrapper) else mod
+    with sanitize_gm_for_cache(gm):
+        for module in gm.modules():
+            if isinstance(module, torch.fx.GraphModule):
+                for node in module.graph.nodes:
+                    check_node_safe(node)  # raises BypassAOTAutogradCache for what a key cannot cover
+        details = _CacheKeyDetails(gm, example_inputs, config, {})
+        return AOTAUTOGRAD_CACHE_PREFIX + AOTAutogradCachePickler(gm).get_hash(details), []
+
+
+@contextlib.contextmanager
+def _aot_autograd_cache(directory: str | os.PathLike, load_graph: GraphLoader) -> Iterator[None]:
+    """AOTAutogradCache for one ``aot_module_simplified`` call, in ``directory``, holding whole entries.
+
+    - Bundled entries: the compiled graphs are pickled into the entry (as ReloadableGraph keys), rather
+      than looked up in inductor's FX graph cache.
+    - The backward graph is compiled during the capture rather than at the first backward: AOTAutograd
+      writes the entry once both graphs are compiled, and a backward compiled later would be compiled
+      outside this block. A forward run under grad whose backward never runs still compiles it.
+    - The entries go under ``directory`` instead of torch's cache directory: AOTAutograd's key does not
+      cover our options or our source, so the directory does.
+    - The key leaves out inductor's configuration and source (see ``_CacheKeyDetails``).
+    """
+    token = _LOADER.set(load_graph)
+    try:
+        with (
+            torch._functorch.config.patch(
+                enable_autograd_cache=True, bundled_autograd_cache=True, force_non_lazy_backward_lowering=True
+            ),
+            mock.patch.object(AOTAutogradCache, "_get_tmp_dir", classmethod(lambda cls: os.fspath(directory))),
+            mock.patch.object(autograd_cache, "autograd_cache_key", _cache_key),
+        ):
+            yield
+    finally:
+        _LOADER.reset(token)
