@@ -928,8 +928,10 @@ FINDINGS = """What would close the gaps (measured while tuning, on the 2-core ma
   with spinning off, each parallel section has to wake the second thread (one 64x1024x1024 Gemm: 1.34 ms,
   0.90 ms with spinning, torch 1.10 ms); with spinning on, ONNX Runtime's threads hold the cores after
   the run and slow torch's work, and spinning only during runs (`session.force_spinning_stop`) made the
-  MLP step slower here (19.2 -> 23.3 ms). torch's OpenMP workers also spin after each torch op and share
-  the cores with the next ONNX Runtime run (`OMP_WAIT_POLICY=PASSIVE` cut the transformer layer's
+  MLP step slower here (19.2 -> 23.3 ms), and so did short bounded spinning (`session.intra_op.
+  spin_duration_us` 50 or 200 us: MLP step 1.08-1.11x, transformer layer 0.98-0.99x, same process,
+  alternating rounds). torch's OpenMP workers also spin after each torch op and share the cores with
+  the next ONNX Runtime run (`OMP_WAIT_POLICY=PASSIVE` cut the transformer layer's
   backward kernels from 41 to 33 ms, and slowed eager). A step faster than eager's needs fewer,
   fused kernels: LayerNorm, GELU, softmax and ReLU gradients are 5-10 elementwise ONNX ops each, and
   ONNX Runtime's fused gradient kernels exist only in its training build; custom ONNX Runtime operators
@@ -946,13 +948,17 @@ FINDINGS = """What would close the gaps (measured while tuning, on the 2-core ma
   finding fully masked rows.
 - Peak RSS: importing Dynamo alone adds about 70 MiB to torch (inductor pays it too: 1.2x eager here),
   ONNX Runtime 18 MiB, and the cold compilation onnxscript and torch's exporter, about 65 MiB more; the
-  rest is ONNX Runtime's arena, now one for all sessions. Lowering in a child process would keep
-  onnxscript out of the training process.
-- First step on a warm cache: the cache makes aot2onnx's own part small (imports 0.3 s, cache hits and
-  sessions 0.05 s); the rest is importing Dynamo (about 1.3 s) and Dynamo's and AOTAutograd's tracing
-  (about 1.2 s for the transformer layer). Meeting 2 s needs a cache one level up, keyed by Dynamo's
-  graph and holding AOTAutograd's runtime metadata with the two ONNX models, so the joint graph is not
-  traced again (torch's own AOTAutogradCache only takes inductor's compiled outputs)."""
+  rest is ONNX Runtime's arena, one for all sessions. Sessions run without ONNX Runtime's memory pattern
+  (a block per session sized for its planned peak): 10-70 MiB less. Tried and worse: the arena growing
+  by what is requested rather than by powers of two (+20-30 MiB, fragmentation), and no arena (+10-80
+  MiB). On a warm cache a process imports neither onnxscript nor the exporter (GPT 582 MiB, eager 426).
+  Lowering in a child process would keep them out of a cold one too.
+- First step on a warm cache: AOTAutograd's own cache now sits above the graph cache, so a second
+  process skips the capture too (transformer layer: 0.43-0.50 s of AOTAutograd tracing -> 0.04-0.06 s
+  for the lookup, the rebuilt runtime wrappers and both sessions). What is left is torch's: importing
+  Dynamo (1.1-1.6 s here) and Dynamo's bytecode tracing (about 0.5 s; a quarter of it is Dynamo
+  tokenizing source files for its debug headers). Under 2 s would take skipping Dynamo's tracing too
+  (its experimental precompile, which also needs the backend's output to be serializable)."""
 
 
 def _gaps(results: dict[str, Any]) -> list[str]:
