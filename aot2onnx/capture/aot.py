@@ -8,7 +8,7 @@ import enum
 import functools
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 from unittest import mock
 
@@ -98,7 +98,7 @@ def capture(
     example_inputs: Sequence[Any],
     *,
     compile_graph: GraphCompiler,
-    decompositions: dict,
+    decompositions: Mapping,
     partitioner: str = "min_cut",
     load_graph: GraphLoader | None = None,
     cache_dir: str | os.PathLike | None = None,
