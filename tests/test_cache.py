@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -187,9 +188,10 @@ class _Buffers(torch.nn.Module):
         (lambda x: (x.t(), x.sin()), lambda: (torch.randn(3, 4, requires_grad=True),), None),
         (_Buffers, lambda: (torch.randn(2, 3, 8, 8),), None),  # a class: a new module for each comparison
         (_mutate_and_alias, lambda: (torch.randn(5, 4), torch.randn(5, 4, requires_grad=True)), True),
+        (_mutate_and_alias, lambda: (torch.randn(3, 4), torch.randn(3, 4)), None),  # no grad: inference graph
     ],
     ids=["input-mutation-and-view-output", "synthetic-base", "output-view-of-input", "batchnorm-and-counter",
-         "dynamic-shapes"],
+         "dynamic-shapes", "inference"],
 )
 def test_aot_cache_hit_keeps_side_effects(tmp_path, fn, make_inputs, dynamic):
     backend = aot2onnx.backend(cache_dir=str(tmp_path))
@@ -255,12 +257,34 @@ class _Wobbly(torch.nn.Module):
         return self.b(torch.tanh(_wobble(self.a(x))))
 
 
-def test_graphs_that_fall_back_leave_no_aot_entry(tmp_path):
+def test_graphs_with_custom_ops_leave_no_aot_entry(tmp_path, caplog):
+    # AOTAutograd's key would hold the op's name, not its Python kernels or autograd formula.
     hits, saved = _aot_counts()
+    bypassed = counters["aot_autograd"]["autograd_cache_bypass"]
     with pytest.warns(UserWarning, match="run in PyTorch"):
         _step(_Wobbly(), {"cache_dir": str(tmp_path)})
     assert _aot_counts() == (hits, saved) and _aot_entries(tmp_path) == []
+    assert counters["aot_autograd"]["autograd_cache_bypass"] == bypassed + 1
     assert len(_entries(tmp_path)) == 3  # the forward's ONNX partitions around the op, and the backward
+    torch._dynamo.reset()
+    caplog.set_level(logging.INFO, logger="aot2onnx")
+    with pytest.warns(UserWarning, match="run in PyTorch"):
+        _step(_Wobbly(), {"cache_dir": str(tmp_path)})
+    assert caplog.text.count("(cache hit)") == 3 and "(lowered)" not in caplog.text  # the graph cache still serves
+
+
+def test_a_graph_that_runs_partly_in_pytorch_is_not_pickled():
+    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+
+    from aot2onnx.capture import GraphKind
+    from aot2onnx.capture.aot import ReloadableGraph
+
+    with pytest.raises(BypassAOTAutogradCache, match="partly in PyTorch"):
+        ReloadableGraph(lambda args: args, None, GraphKind.FORWARD).prepare_for_serialization()
+    graph = ReloadableGraph(lambda args: args, "k" * 64, GraphKind.BACKWARD)
+    graph.prepare_for_serialization()
+    restored = pickle.loads(pickle.dumps(graph))
+    assert (restored.key, restored.kind, restored.runner, restored._boxed_call) == ("k" * 64, GraphKind.BACKWARD, None, True)
 
 
 def test_a_second_process_skips_the_capture(tmp_path):

@@ -188,8 +188,25 @@ def _cache_key(
             if isinstance(module, torch.fx.GraphModule):
                 for node in module.graph.nodes:
                     check_node_safe(node)  # raises BypassAOTAutogradCache for what a key cannot cover
+                    _check_builtin_op(node)
         details = _CacheKeyDetails(gm, example_inputs, config, {})
         return AOTAUTOGRAD_CACHE_PREFIX + AOTAutogradCachePickler(gm).get_hash(details), []
+
+
+# Operator namespaces whose ops are torch's own: their meaning changes only with torch's version, which
+# the cache directory covers.
+_TORCH_NAMESPACES = frozenset({"aten", "prims", "rngprims", "higher_order", "profiler"})
+
+
+def _check_builtin_op(node: torch.fx.Node) -> None:
+    """A custom op (``torch.library``) makes a graph uncacheable here: the key holds its name, not its
+    Python implementation, autograd formula or fake kernel, and a changed backward formula would reuse a
+    stale backward graph. Such graphs still hit the graph cache."""
+    target = node.target
+    if node.op == "call_function" and isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        qualified = target.name() if isinstance(target, torch._ops.OpOverload) else target._qualified_op_name
+        if qualified.split("::", 1)[0] not in _TORCH_NAMESPACES:
+            raise BypassAOTAutogradCache(f"custom op {target}")
 
 
 @contextlib.contextmanager
