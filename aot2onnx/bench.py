@@ -944,8 +944,14 @@ FINDINGS = """What would close the gaps (measured while tuning, on the 2-core ma
   gradients), BatchNorm as separate elementwise ops and reductions.
 - Attention: saved tensors that are transposes are materialised by the forward graph (about 4 ms per
   GPT step); passing them as strided views, with the backward graph transposing them inside its matrix
-  products, would remove that. `_safe_softmax` spends 4 full-size ops per layer (about 1.5 ms in GPT)
+  products, would remove that. torch's own partitioner setting for it (`recompute_views`) stops saving
+  reshapes but still saves these transposes, and changed no step time (GPT 1.00x, transformer layer
+  1.04x, alternating rounds). `_safe_softmax` spends 4 full-size ops per layer (about 1.5 ms in GPT)
   finding fully masked rows.
+- Bias gradients: ONNX Runtime's ReduceSum over the leading axis is 1.4-3x slower than a MatMul with a
+  row of ones (alone: 90 against 45 us for 1024 x 256). It matters on small models: 1.7 ms of the
+  11 ms backward of the demo's 2-layer, 64-wide transformer, where ONNX Runtime's kernels take 17.5 ms
+  of a 20 ms step against eager's 10 ms step.
 - Peak RSS: importing Dynamo alone adds about 70 MiB to torch (inductor pays it too: 1.2x eager here),
   ONNX Runtime 18 MiB, and the cold compilation onnxscript and torch's exporter, about 65 MiB more; the
   rest is ONNX Runtime's arena, one for all sessions. Sessions run without ONNX Runtime's memory pattern
@@ -955,10 +961,12 @@ FINDINGS = """What would close the gaps (measured while tuning, on the 2-core ma
   Lowering in a child process would keep them out of a cold one too.
 - First step on a warm cache: AOTAutograd's own cache now sits above the graph cache, so a second
   process skips the capture too (transformer layer: 0.43-0.50 s of AOTAutograd tracing -> 0.04-0.06 s
-  for the lookup, the rebuilt runtime wrappers and both sessions). What is left is torch's: importing
-  Dynamo (1.1-1.6 s here) and Dynamo's bytecode tracing (about 0.5 s; a quarter of it is Dynamo
-  tokenizing source files for its debug headers). Under 2 s would take skipping Dynamo's tracing too
-  (its experimental precompile, which also needs the backend's output to be serializable)."""
+  for the lookup, the rebuilt runtime wrappers and both sessions), and the decomposition table is built
+  only on a miss (0.08 s). That puts the transformer layer at the 2 s line, not clearly under it:
+  standalone runs gave 1.75-2.14 s (dropout 0) and 2.01-2.05 s (dropout 0.1). What is left is torch's:
+  importing Dynamo (1.1-1.6 s here) and Dynamo's bytecode tracing (about 0.5 s; a quarter of it is
+  Dynamo tokenizing source files for its debug headers). A margin would take skipping Dynamo's tracing
+  too (its experimental precompile, which also needs the backend's output to be serializable)."""
 
 
 def _gaps(results: dict[str, Any]) -> list[str]:
