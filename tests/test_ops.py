@@ -406,3 +406,35 @@ def test_random_max_pools(count):
         values_e.backward(cotangent)
         values_c.backward(cotangent)
         torch.testing.assert_close(xc.grad, xe.grad, rtol=0, atol=1e-6)
+
+
+# Sums over leading axes lower to a product with a row of ones (ONNX Runtime's ReduceSum is slower there).
+@pytest.mark.parametrize(
+    "shape, dim, keepdim, dtype, product",
+    [
+        ((64, 32), [0], True, torch.float32, True),  # a linear layer's bias gradient
+        ((4, 16, 8), [0, 1], False, torch.float32, True),  # a LayerNorm's weight gradient
+        ((4, 16, 8), [-3], True, torch.float64, True),
+        ((4, 16, 8), [1, 0], True, torch.float32, True),  # leading axes in any order
+        ((4, 16, 8), [1], False, torch.float32, False),  # not leading: ReduceSum
+        ((4, 16, 8), [0, 2], False, torch.float32, False),
+        ((4, 16, 8), [0, 1, 2], False, torch.float32, False),  # every axis: ReduceSum
+        ((4, 16), [0], False, torch.float16, True),  # summed in float32 after the decomposition's upcast
+    ],
+    ids=["bias-grad", "two-leading", "float64-negative-dim", "unordered", "middle", "gap", "all", "float16"],
+)
+def test_sum_over_leading_axes(shape, dim, keepdim, dtype, product):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+    x[0, 0] = float("inf") if dtype != torch.float16 else x[0, 0]  # non-finite values propagate as in ATen
+    # float16: eager rounds t * 1.5 to float16 before its float32 sum; the graph keeps the product in float32.
+    tol = {"rtol": 1e-2, "atol": 1e-2} if dtype == torch.float16 else {}
+    graphs = _check_fn(lambda t: torch.sum(t * 1.5, dim, keepdim=keepdim), x, **tol)
+    forward = next(g for g in graphs if g.kind == "forward")
+    assert (forward.op_counts["MatMul"] == 1 and forward.op_counts["ReduceSum"] == 0) == product, forward.op_counts
+
+
+def test_sum_over_leading_axes_with_dynamic_sizes_keeps_reducesum():
+    for batch in (3, 6):
+        torch._dynamo.reset()
+        graphs = _check_fn(lambda t: t.sin().sum(0), torch.randn(batch, 5), dynamic=True)
+        assert next(g for g in graphs if g.kind == "forward").op_counts["ReduceSum"] == 1

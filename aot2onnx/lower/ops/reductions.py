@@ -1,5 +1,6 @@
 """Reductions and scans torch_lib does not lower (or lowers only in part): amax/amin over all dims,
-median, nanmedian, mode, kthvalue, cummax/cummin, cumprod, prod as a prim.
+median, nanmedian, mode, kthvalue, cummax/cummin, cumprod, prod as a prim; and sums over leading axes
+as a matrix product (bias gradients), which ONNX Runtime runs faster than its ReduceSum.
 
 Scans along a dim of size n are computed from an (n, n) mask of "j <= i": memory grows as n**2 per row,
 which is fine for the sizes these ops see, and every element is computed the way ATen defines it
@@ -8,6 +9,7 @@ which is fine for the sizes these ops see, and every element is computed the way
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import onnx_ir as ir
@@ -49,6 +51,34 @@ def _extremum(reduce, self, dim: Sequence[int], keepdim: bool):
         # ATen propagates NaN; ONNX Runtime's ReduceMax/ReduceMin do not say what they do with it.
         result = op.Where(_any_nan(self, axes, keep), _nan(self), result)
     return result
+
+
+@project_rule(aten.sum.dim_IntList)
+def aten_sum_dim_intlist(self, dim: Sequence[int] | None = None, keepdim: bool = False, dtype: int = -1):
+    """sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
+
+    A float sum over the leading axes of a static shape (the bias gradient of a linear layer, the
+    weight gradient of a LayerNorm) is ``ones(1, n) @ x.reshape(n, -1)``: ONNX Runtime's CPU ReduceSum
+    over a leading axis is 1.4-3x slower than that product (measured alone: 90 against 45 us for
+    1024 x 256, 514 against 171 us for 8192 x 256). Every other sum is torch_lib's ReduceSum.
+    """
+    shape = self.shape
+    rank = 0 if shape is None else len(shape)
+    axes = sorted({d % rank for d in dim}) if dim and rank else []
+    lead = len(axes)
+    if (
+        self.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+        and dtype in (-1, None, self.dtype)
+        and 0 < lead < rank
+        and axes == list(range(lead))
+        and all(isinstance(d, int) for d in shape)
+    ):
+        rows = math.prod(shape[:lead])
+        rest = list(shape[lead:])
+        ones = op.ConstantOfShape(op.Constant(value_ints=[1, rows]), value=ir.tensor([1], dtype=self.dtype))
+        total = op.MatMul(ones, op.Reshape(self, op.Constant(value_ints=[rows, -1])))
+        return op.Reshape(total, op.Constant(value_ints=[1] * lead + rest if keepdim else rest))
+    return torchlib_core.aten_sum_dim_IntList(self, dim, keepdim, dtype)
 
 
 @project_rule(aten.amax.default)
