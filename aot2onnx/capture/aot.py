@@ -221,6 +221,9 @@ def _aot_autograd_cache(directory: str | os.PathLike, load_graph: GraphLoader) -
     - The entries go under ``directory`` instead of torch's cache directory: AOTAutograd's key does not
       cover our options or our source, so the directory does.
     - The key leaves out inductor's configuration and source (see ``_CacheKeyDetails``).
+
+    The patches are process-wide while the block runs. Dynamo compiles under its global compile lock, so
+    no other torch.compile capture (ours or inductor's) runs meanwhile.
     """
     token = _LOADER.set(load_graph)
     try:
