@@ -145,9 +145,13 @@ def capture(
     # optimizer eliminates common subexpressions in each model anyway, and the pass imports inductor's
     # pattern matcher and lowerings, which cost a process about 1.2 s and 40 MiB (measured here; the
     # benchmark's transformer layer partitions into the same graphs either way).
+    # Views are recomputed in the backward graph rather than saved (recompute_views): an ONNX graph output
+    # is a copy, so a saved view costs a copy that torch's view would not, while a view recomputed in the
+    # backward graph is free or folds into the MatMul that reads it (with transposes decomposed to permute,
+    # see decompositions.py; GPT step 0.97x, other benchmark models unchanged, alternating rounds).
     with (
         sdpa_kernel(SDPBackend.MATH),
-        torch._functorch.config.patch(cse=False),
+        torch._functorch.config.patch(cse=False, recompute_views=True),
         _aot_autograd_cache(cache_dir, load_graph) if cached else contextlib.nullcontext(),
     ):
         return aot_module_simplified(
