@@ -942,12 +942,13 @@ FINDINGS = """What would close the gaps (measured while tuning, on the 2-core ma
   which needs a mask-based backward that must break ties as torch does), ReLU's backward `Where`
   (4.7 ms per 4M elements, where a multiply by the mask would take 2.5 ms but differs for non-finite
   gradients), BatchNorm as separate elementwise ops and reductions.
-- Attention: saved tensors that are transposes are materialised by the forward graph (about 4 ms per
-  GPT step); passing them as strided views, with the backward graph transposing them inside its matrix
-  products, would remove that. torch's own partitioner setting for it (`recompute_views`) stops saving
-  reshapes but still saves these transposes, and changed no step time (GPT 1.00x, transformer layer
-  1.04x, alternating rounds). `_safe_softmax` spends 4 full-size ops per layer (about 1.5 ms in GPT)
-  finding fully masked rows.
+- Attention: saved transposes are no longer written by the forward graph. Views are recomputed in the
+  backward graph (`recompute_views`), and aten.transpose is decomposed to permute, which the partitioner
+  counts as a view (transpose is missing from its list); ONNX Runtime folds the transposes into the
+  backward's MatMuls. GPT step 0.97x, the other models unchanged (alternating rounds). Reshapes of
+  matrix-product results (`_unsafe_view`, also missing from that list) are still saved as copies (16 in
+  GPT's forward). `_safe_softmax` spends 4 full-size ops per layer (about 1.5 ms in GPT) finding fully
+  masked rows.
 - Bias gradients: ONNX Runtime's ReduceSum over the leading axis is 1.4-3x slower than a MatMul with a
   row of ones (alone: 90 against 45 us for 1024 x 256), so float sums over leading axes now lower to
   that product: step time 0.97-0.99x (MLP 0.972, transformer layer 0.974, GPT 0.978, CNN 0.990, median
