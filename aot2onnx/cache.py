@@ -62,6 +62,16 @@ def default_cache_dir() -> pathlib.Path | None:
     return pathlib.Path(base) / "aot2onnx"
 
 
+_PACKAGE_ROOT = pathlib.Path(__file__).parent
+
+
+def _hash_sources(digest: Any, paths: list[pathlib.Path]) -> None:
+    """Adds each file's path (relative to the package) and contents to ``digest``, in path order."""
+    for path in sorted(paths):
+        digest.update(str(path.relative_to(_PACKAGE_ROOT)).encode())
+        digest.update(path.read_bytes())
+
+
 @functools.cache
 def _environment_fingerprint() -> str:
     """Versions of everything the lowering depends on, and a digest of aot2onnx's own source."""
@@ -73,10 +83,8 @@ def _environment_fingerprint() -> str:
             version = "?"
         digest.update(f"{package}={version};".encode())
     # The package version does not change with every edit of a rule; the source of the lowering does.
-    root = pathlib.Path(__file__).parent
-    for path in sorted([*root.joinpath("lower").rglob("*.py"), root / "signature.py", root / "cache.py"]):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
+    root = _PACKAGE_ROOT
+    _hash_sources(digest, [*root.joinpath("lower").rglob("*.py"), root / "signature.py", root / "cache.py"])
     return digest.hexdigest()
 
 
@@ -85,10 +93,7 @@ def package_fingerprint() -> str:
     """A digest of all of aot2onnx's source: AOTAutograd-level entries also depend on the capture (the
     decomposition table, the partitioner's settings) and on the backend's glue."""
     digest = hashlib.sha256()
-    root = pathlib.Path(__file__).parent
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
+    _hash_sources(digest, list(_PACKAGE_ROOT.rglob("*.py")))
     return digest.hexdigest()
 
 

@@ -64,7 +64,7 @@ def aten_sum_dim_intlist(self, dim: Sequence[int] | None = None, keepdim: bool =
     """
     shape = self.shape
     rank = 0 if shape is None else len(shape)
-    axes = sorted({d % rank for d in dim}) if dim and rank else []
+    axes = sorted(set(_axes(dim, rank))) if rank else []  # no dims means every axis, as in ATen
     lead = len(axes)
     if (
         self.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
