@@ -438,3 +438,61 @@ def test_sum_over_leading_axes_with_dynamic_sizes_keeps_reducesum():
         torch._dynamo.reset()
         graphs = _check_fn(lambda t: t.sin().sum(0), torch.randn(batch, 5), dynamic=True)
         assert next(g for g in graphs if g.kind == "forward").op_counts["ReduceSum"] == 1
+
+
+# all/any reduce one-byte truth values (torch_lib widens them to int64 first, which is slower).
+@pytest.mark.parametrize("reduce", ["all", "any"])
+@pytest.mark.parametrize(
+    "dtype, dim, keepdim",
+    [
+        (torch.float32, None, False),  # NaN counts as true, -0.0 as false
+        (torch.float32, 1, True),
+        (torch.bool, -1, False),
+        (torch.bool, (0, 2), True),
+        (torch.int64, (1,), False),
+        (torch.uint8, 2, False),  # ATen keeps uint8 for uint8 inputs
+        (torch.uint8, None, False),
+    ],
+    ids=["float-all-dims", "float-dim-keepdim", "bool-negative-dim", "bool-dims", "int64-dims", "uint8-dim", "uint8-all-dims"],
+)
+def test_all_any(reduce, dtype, dim, keepdim):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 3, (3, 4, 5), generator=g)
+    x[1] = 1  # a slice where every element is true, so `all` sees both outcomes
+    x[2, :, 0] = 0  # and lanes that are all false, for `any`
+    if dtype.is_floating_point:
+        x = x.to(dtype)
+        x[0, 0, 0], x[0, 1, 1] = float("nan"), -0.0
+    else:
+        x = x.to(dtype) if dtype != torch.bool else x.bool()
+    fn = getattr(torch, reduce)
+    if dim is None:
+        call = lambda t: fn(t)  # noqa: E731
+    elif isinstance(dim, int):
+        call = lambda t: fn(t, dim, keepdim=keepdim)  # noqa: E731
+    else:
+        call = lambda t: fn(t, dim=dim, keepdim=keepdim)  # noqa: E731
+    torch._dynamo.reset()
+    aot2onnx.reset_compiled_graphs()
+    expected, got = call(x), torch.compile(call, backend="aot2onnx", fullgraph=True)(x)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert torch.equal(got, expected), (got, expected)
+    assert aot2onnx.compiled_graphs(), "the op ran through ONNX Runtime"
+
+
+def test_safe_softmax_with_fully_masked_rows():
+    # SDPA's math path ends in _safe_softmax, whose `all` finds rows that are masked out entirely: they
+    # must come out as zeros (not NaN) and pass no gradient.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 8, generator=g) for _ in range(3))
+    mask = torch.rand(2, 3, 6, 6, generator=g) > 0.3
+    mask[0, 1, 2] = False  # a query that sees no key
+    mask[1, 0, 5] = False
+
+    def attend(q, k, v):
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    torch._dynamo.reset()
+    out = _check_fn(attend, q, k, v)
+    assert any(g_.op_counts["ReduceMin"] for g_ in out)

@@ -274,9 +274,10 @@ class OrtGraph:
             self.runs += 1
             values = binding.get_outputs()
             if self._cpu:
-                # The capsule directly: torch.from_dlpack's protocol negotiation (stream, version) costs about
-                # 3 us more per output here, and CPU tensors have no stream to hand over.
-                results = [_from_capsule(values[i].to_dlpack()) for i in range(len(values))]
+                # The capsules directly, made in one call: torch.from_dlpack's protocol negotiation (stream,
+                # version) costs about 3 us more per output here, and CPU tensors have no stream to hand over;
+                # to_dlpacks skips a Python OrtValue per output (19 outputs: 176 -> 157 us a run).
+                results = values.to_dlpacks(_from_capsule)
             else:
                 results = [torch.from_dlpack(values[i]) for i in range(len(values))]
         for i, is_bool in enumerate(self._bool_outputs):

@@ -81,6 +81,59 @@ def aten_sum_dim_intlist(self, dim: Sequence[int] | None = None, keepdim: bool =
     return torchlib_core.aten_sum_dim_IntList(self, dim, keepdim, dtype)
 
 
+def _all_or_any(reduce, self, dim: Sequence[int] | None, keepdim: bool):
+    """all/any as ReduceMin/ReduceMax over one-byte truth values.
+
+    torch_lib widens the truth values to int64 before reducing: on the attention probabilities of
+    ``_safe_softmax`` (8 x 4 x 128 x 128) the Cast and ReduceMin took 0.47 ms of that op's 0.76, against
+    0.13 ms over uint8. Like ATen, a uint8 input gives a uint8 result; every other input gives bool.
+    """
+    rank = 0 if self.shape is None else len(self.shape)
+    out_type = ir.DataType.UINT8 if self.dtype == ir.DataType.UINT8 else ir.DataType.BOOL
+    truth = self if self.dtype == ir.DataType.BOOL else op.Cast(self, to=ir.DataType.BOOL)
+    if rank == 0:
+        return op.Cast(truth, to=out_type)
+    axes = sorted(set(_axes(dim, rank)))
+    reduced = reduce(op.Cast(truth, to=ir.DataType.UINT8), op.Constant(value_ints=axes), keepdims=1 if keepdim else 0)
+    return op.Cast(reduced, to=out_type)
+
+
+@project_rule(aten.all.default)
+def aten_all(self):
+    """all(Tensor self) -> Tensor"""
+    return _all_or_any(op.ReduceMin, self, None, False)
+
+
+@project_rule(aten.all.dim)
+def aten_all_dim(self, dim: int, keepdim: bool = False):
+    """all.dim(Tensor self, int dim, bool keepdim=False) -> Tensor"""
+    return _all_or_any(op.ReduceMin, self, [dim], keepdim)
+
+
+@project_rule(aten.all.dims)
+def aten_all_dims(self, dim: Sequence[int] | None = None, keepdim: bool = False):
+    """all.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor"""
+    return _all_or_any(op.ReduceMin, self, dim, keepdim)
+
+
+@project_rule(aten.any.default)
+def aten_any(self):
+    """any(Tensor self) -> Tensor"""
+    return _all_or_any(op.ReduceMax, self, None, False)
+
+
+@project_rule(aten.any.dim)
+def aten_any_dim(self, dim: int, keepdim: bool = False):
+    """any.dim(Tensor self, int dim, bool keepdim=False) -> Tensor"""
+    return _all_or_any(op.ReduceMax, self, [dim], keepdim)
+
+
+@project_rule(aten.any.dims)
+def aten_any_dims(self, dim: Sequence[int] | None = None, keepdim: bool = False):
+    """any.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor"""
+    return _all_or_any(op.ReduceMax, self, dim, keepdim)
+
+
 @project_rule(aten.amax.default)
 def aten_amax(self, dim: Sequence[int] = (), keepdim: bool = False):
     """amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"""
