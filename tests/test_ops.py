@@ -43,6 +43,10 @@ CONV_CASES = [
     ((1, 6, 9, 9), (6, 1, 3, 3), 1, 1, 1, 6),  # depthwise
     ((3, 4, 10, 10), (4, 4, 1, 1), 1, 0, 1, 1),  # pointwise
     ((2, 4, 17, 17), (8, 2, 5, 5), 3, 2, 2, 2),  # stride that does not divide the input
+    # Large enough for the input gradient to run as a convolution with the flipped weight:
+    ((2, 8, 32, 32), (6, 8, 3, 3), 1, 1, 1, 1),
+    ((2, 8, 33, 34), (5, 8, 5, 3), 1, (4, 1), (2, 1), 1),  # dilated, padded on one axis beyond k - 1
+    ((1, 8, 32, 32), (4, 8, 3, 3), 1, 0, 1, 1),  # no padding: dY is padded by k - 1
 ]
 
 
@@ -54,9 +58,14 @@ def test_conv2d_backward(case, bias):
     x, w = torch.randn(shape, generator=g), torch.randn(wshape, generator=g)
     b = torch.randn(wshape[0], generator=g)
     if bias:
-        _check_fn(lambda x, w, b: F.conv2d(x, w, b, stride, padding, dilation, groups), x, w, b)
+        graphs = _check_fn(lambda x, w, b: F.conv2d(x, w, b, stride, padding, dilation, groups), x, w, b)
     else:
-        _check_fn(lambda x, w: F.conv2d(x, w, None, stride, padding, dilation, groups), x, w)
+        graphs = _check_fn(lambda x, w: F.conv2d(x, w, None, stride, padding, dilation, groups), x, w)
+    # The input gradient is a Conv with the flipped weight for large stride-1 ungrouped convolutions, else a
+    # ConvTranspose.
+    as_conv = stride == 1 and groups == 1 and shape[1] >= 8 and shape[2] * shape[3] >= 32 * 32
+    backward = next(g for g in graphs if g.kind == "backward")
+    assert (backward.op_counts["ConvTranspose"] == 0) == as_conv, backward.op_counts
 
 
 def test_conv1d_and_conv3d_backward():
