@@ -193,6 +193,42 @@ def test_batch_norm_training_and_eval():
         torch.testing.assert_close(rv_c, rv_e, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize(
+    "shape, affine, dtype",
+    [
+        ((4, 3, 5, 5), True, torch.float32),
+        ((4, 3, 5, 5), False, torch.float32),  # no weight or bias: ones and zeros in their place
+        ((6, 3), True, torch.float32),  # BatchNorm1d on (N, C)
+        ((2, 3, 4, 3, 2), True, torch.float64),  # BatchNorm3d, double
+        ((4, 3, 7), False, torch.float64),
+    ],
+    ids=["2d", "2d-no-affine", "1d-flat", "3d-double", "1d-double-no-affine"],
+)
+def test_batch_norm_training_gradients_and_running_stats(shape, affine, dtype):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(shape, generator=g) * 2 + 0.5).to(dtype)
+    stats = {"eager": (torch.randn(3, generator=g).to(dtype), (torch.rand(3, generator=g) + 0.5).to(dtype))}
+    stats["compiled"] = tuple(t.clone() for t in stats["eager"])
+
+    def make(which):
+        rm, rv = stats[which]
+        if affine:
+            return lambda x, w, b: F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.2, eps=1e-3)
+        return lambda x: F.batch_norm(x, rm, rv, None, None, training=True, momentum=0.2, eps=1e-3)
+
+    eager_fn, compiled_fn = make("eager"), make("compiled")
+
+    def fn(*args):  # eager on the first call, compiled (by _check_fn) afterwards, each with its own buffers
+        return (compiled_fn if torch.compiler.is_compiling() else eager_fn)(*args)
+
+    params = (torch.randn(3, generator=g).to(dtype), torch.randn(3, generator=g).to(dtype)) if affine else ()
+    graphs = _check_fn(fn, x, *params)
+    for e, c in zip(stats["eager"], stats["compiled"]):
+        torch.testing.assert_close(c, e, rtol=RTOL, atol=ATOL)
+    forward = next(g_ for g_ in graphs if g_.kind == "forward")
+    assert forward.op_counts["BatchNormalization"] == 1, forward.op_counts
+
+
 def test_integer_and_bool_tensors():
     def fn(x, idx, mask):
         picked = x[idx]  # int64 indexing
