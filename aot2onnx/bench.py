@@ -934,21 +934,27 @@ FINDINGS = """What would close the gaps (measured while tuning, on the 2-core ma
   the next ONNX Runtime run (`OMP_WAIT_POLICY=PASSIVE` cut the transformer layer's
   backward kernels from 41 to 33 ms, and slowed eager). A step faster than eager's needs fewer,
   fused kernels: LayerNorm, GELU, softmax and ReLU gradients are 5-10 elementwise ONNX ops each, and
-  ONNX Runtime's fused gradient kernels exist only in its training build; custom ONNX Runtime operators
-  would be the way.
+  ONNX Runtime's fused gradient kernels exist only in its training build, which did not beat eager here
+  either (its on-device training API: MLP 1.31, transformer layer 1.03, CNN 1.33 of eager's step, from
+  ../shared/FIELD-NOTES.md); custom ONNX Runtime operators would be the way.
 - CNN: the convolution weight gradient is now one matrix product over an unfolded input (it was a
   convolution with an image-sized kernel: 43 ms, now about 16 ms), and max-pool indices no longer need a
-  second whole-input MaxPool (about 11 ms saved). Left: MaxPool with indices (11 ms; 2.3 ms without indices,
-  which needs a mask-based backward that must break ties as torch does), ReLU's backward `Where`
-  (4.7 ms per 4M elements, where a multiply by the mask would take 2.5 ms but differs for non-finite
-  gradients), BatchNorm as separate elementwise ops and reductions.
+  second whole-input MaxPool (about 11 ms saved). Batch norm in training mode now normalizes and applies
+  its weight and bias in one ONNX BatchNormalization fed the batch statistics (step 0.974x), and a large
+  stride-1 convolution's input gradient is a Conv with the flipped weight rather than a ConvTranspose
+  (step 0.993x; alone 7-30% faster at 16-64 channels and 32x32 or more, slower on small images, which
+  keep ConvTranspose). Left: MaxPool with indices (8.7 ms; 1.4-2.3 ms without; indices from a second
+  MaxPool over a weighted equality mask took 28 ms, ONNX Runtime's broadcasts over a size-2 innermost
+  axis being slow), ReLU's backward `Where` (3.4 ms per 4M elements, where a multiply by the mask would
+  take 1.7 ms but differs for non-finite gradients).
 - Attention: saved transposes are no longer written by the forward graph. Views are recomputed in the
   backward graph (`recompute_views`), and aten.transpose is decomposed to permute, which the partitioner
   counts as a view (transpose is missing from its list); ONNX Runtime folds the transposes into the
   backward's MatMuls. GPT step 0.97x, the other models unchanged (alternating rounds). Reshapes of
   matrix-product results (`_unsafe_view`, also missing from that list) are still saved as copies (16 in
-  GPT's forward). `_safe_softmax` spends 4 full-size ops per layer (about 1.5 ms in GPT) finding fully
-  masked rows.
+  GPT's forward). `_safe_softmax` finds fully masked rows with `all`, which now reduces one-byte truth
+  values rather than torch_lib's int64 ones (0.76 -> 0.43 ms per layer alone; GPT step 0.98x); its
+  full-size `Where` (0.4 ms per layer) is left.
 - Bias gradients: ONNX Runtime's ReduceSum over the leading axis is 1.4-3x slower than a MatMul with a
   row of ones (alone: 90 against 45 us for 1024 x 256), so float sums over leading axes now lower to
   that product: step time 0.97-0.99x (MLP 0.972, transformer layer 0.974, GPT 0.978, CNN 0.990, median
@@ -960,16 +966,25 @@ FINDINGS = """What would close the gaps (measured while tuning, on the 2-core ma
   rest is ONNX Runtime's arena, one for all sessions. Sessions run without ONNX Runtime's memory pattern
   (a block per session sized for its planned peak): 10-70 MiB less. Tried and worse: the arena growing
   by what is requested rather than by powers of two (+20-30 MiB, fragmentation), and no arena (+10-80
-  MiB). On a warm cache a process imports neither onnxscript nor the exporter (GPT 582 MiB, eager 426).
-  Lowering in a child process would keep them out of a cold one too.
+  MiB). On a warm cache a process imports neither onnxscript nor the exporter (GPT 578 MiB, eager 420).
+  Lowering in a child process would keep them out of a cold one too. Of GPT's warm 578 MiB, the first
+  forward run adds 93 MiB (76 MiB of it the 67 tensors saved for the backward, about what eager saves)
+  and the first backward run 84 MiB: the backward graph holds every saved tensor until it ends, where
+  eager's autograd frees each node's as it goes. Other arena settings, warm peaks GPT / CNN: growth by
+  the requested size -14 / +51 MiB, `max_dead_bytes_per_chunk` 1 MiB -10 / -12 MiB with a slower CNN
+  step (77-88 against 68 ms), a 64 MiB first chunk +11 / -2 MiB. The target
+  is out of reach for any Dynamo backend on the MLP: torch, the model and Dynamo's imports come to
+  354 MiB before compiling, against 383 MiB (1.1x eager's peak).
 - First step on a warm cache: AOTAutograd's own cache now sits above the graph cache, so a second
   process skips the capture too (transformer layer: 0.43-0.50 s of AOTAutograd tracing -> 0.04-0.06 s
   for the lookup, the rebuilt runtime wrappers and both sessions), and the decomposition table is built
   only on a miss (0.08 s). That puts the transformer layer at the 2 s line, not clearly under it:
   standalone runs gave 1.75-2.14 s (dropout 0) and 2.01-2.05 s (dropout 0.1). What is left is torch's:
   importing Dynamo (1.1-1.6 s here) and Dynamo's bytecode tracing (about 0.5 s; a quarter of it is
-  Dynamo tokenizing source files for its debug headers). A margin would take skipping Dynamo's tracing
-  too (its experimental precompile, which also needs the backend's output to be serializable)."""
+  Dynamo tokenizing source files for its debug headers: 0.22 s of a 0.59 s first step, 0.17 s of it for
+  torch/nn/modules/transformer.py, computed for a trace-log line that is off). A margin would take
+  skipping Dynamo's tracing too; its experimental precompile (`TORCH_CACHING_PRECOMPILE=1`) did not skip
+  it in a second process here (2.21-2.25 s) and drops guards with warnings."""
 
 
 def _gaps(results: dict[str, Any]) -> list[str]:
