@@ -31,7 +31,7 @@ _CONV_GRAD_MIN_CHANNELS = 8
 _CONV_GRAD_MIN_POSITIONS = 32 * 32
 
 
-def _grad_input_as_conv(grad_output, weight, in_dims, w_dims, padding, dilation):
+def _grad_input_as_conv(grad_output, weight, w_dims, padding, dilation):
     """dX of a stride-1, ungrouped convolution: dY convolved with the weight flipped in space and with its
     channel axes swapped, padded by ``dilation * (k - 1) - padding`` on each side (which gives the input's
     size back exactly)."""
@@ -60,7 +60,7 @@ def _grad_input(grad_output, input, weight, stride, padding, dilation, groups):
         and in_dims[1] >= _CONV_GRAD_MIN_CHANNELS
         and math.prod(in_dims[2:]) >= _CONV_GRAD_MIN_POSITIONS
     ):
-        return _grad_input_as_conv(grad_output, weight, in_dims, w_dims, padding, dilation)
+        return _grad_input_as_conv(grad_output, weight, w_dims, padding, dilation)
     if in_dims is not None and go_dims is not None and w_dims is not None:
         # Forward convolution drops trailing rows that no window covers; output_padding restores them.
         output_padding = [
