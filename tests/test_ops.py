@@ -13,8 +13,13 @@ import aot2onnx
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def _check_fn(fn, *inputs, rtol=RTOL, atol=ATOL, dynamic=False):
-    """Runs fn eagerly and compiled on equal copies; compares outputs and gradients of every float input."""
+def _check_fn(fn, *inputs, rtol=RTOL, atol=ATOL, dynamic=False, scale_atol=False):
+    """Runs fn eagerly and compiled on equal copies; compares outputs and gradients of every float input.
+
+    With ``scale_atol``, a gradient's absolute tolerance is ``atol`` times its largest magnitude (at least 1):
+    for gradients that are long float32 sums, whose rounding error grows with their scale. A 3x3 conv weight
+    gradient over 30x30 positions (magnitudes up to 90) is 2.5e-5 from float64 in eager, 7e-5 here.
+    """
     aot2onnx.reset_compiled_graphs()
     eager_in = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
     comp_in = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
@@ -29,7 +34,8 @@ def _check_fn(fn, *inputs, rtol=RTOL, atol=ATOL, dynamic=False):
     torch.autograd.backward(outs_c, cot)
     for x_e, x_c in zip(eager_in, comp_in):
         if x_e.requires_grad:
-            torch.testing.assert_close(x_c.grad, x_e.grad, rtol=rtol, atol=atol)
+            scale = max(1.0, x_e.grad.abs().max().item()) if scale_atol else 1.0
+            torch.testing.assert_close(x_c.grad, x_e.grad, rtol=rtol, atol=atol * scale)
     graphs = aot2onnx.compiled_graphs()
     assert graphs and all(g.runs >= 1 for g in graphs), graphs
     return graphs
@@ -58,9 +64,11 @@ def test_conv2d_backward(case, bias):
     x, w = torch.randn(shape, generator=g), torch.randn(wshape, generator=g)
     b = torch.randn(wshape[0], generator=g)
     if bias:
-        graphs = _check_fn(lambda x, w, b: F.conv2d(x, w, b, stride, padding, dilation, groups), x, w, b)
+        graphs = _check_fn(lambda x, w, b: F.conv2d(x, w, b, stride, padding, dilation, groups), x, w, b,
+                           scale_atol=True)
     else:
-        graphs = _check_fn(lambda x, w: F.conv2d(x, w, None, stride, padding, dilation, groups), x, w)
+        graphs = _check_fn(lambda x, w: F.conv2d(x, w, None, stride, padding, dilation, groups), x, w,
+                           scale_atol=True)
     # The input gradient is a Conv with the flipped weight for large stride-1 ungrouped convolutions, else a
     # ConvTranspose.
     as_conv = stride == 1 and groups == 1 and shape[1] >= 8 and shape[2] * shape[3] >= 32 * 32

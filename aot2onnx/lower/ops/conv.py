@@ -120,9 +120,12 @@ def _grad_weight_unfolded(grad_output, input, weight, stride, padding, dilation,
     cols = op.Conv(input, shifts, strides=stride, pads=list(padding) * 2, dilations=dilation, group=c_in)
     cols = op.Reshape(cols, op.Constant(value_ints=[n, groups, c_in // groups * taps, positions]))
     dy = op.Reshape(grad_output, op.Constant(value_ints=[n, groups, c_out // groups, positions]))
-    per_sample = op.MatMul(dy, op.Transpose(cols, perm=[0, 1, 3, 2]))  # (N, g, Cout/g, Cin/g * K)
+    # The product is taken transposed, (Cin/g * K, P) @ (P, Cout/g) per sample, and the sum over N
+    # transposed back: ONNX Runtime packs the product's right operand, and dY is the smaller one.
+    # Alone, on 6 convolutions (3-128 channels, 16x16 to 64x64): 2-27% faster than dY @ cols^T.
+    per_sample = op.MatMul(cols, op.Transpose(dy, perm=[0, 1, 3, 2]))  # (N, g, Cin/g * K, Cout/g)
     total = op.ReduceSum(per_sample, op.Constant(value_ints=[0]), keepdims=0)
-    return op.Reshape(total, op.Constant(value_ints=w_dims))
+    return op.Reshape(op.Transpose(total, perm=[0, 2, 1]), op.Constant(value_ints=w_dims))
 
 
 def _grad_weight_as_conv(grad_output, input, weight, stride, padding, dilation, groups):
