@@ -53,6 +53,11 @@ CONV_CASES = [
     ((2, 8, 32, 32), (6, 8, 3, 3), 1, 1, 1, 1),
     ((2, 8, 33, 34), (5, 8, 5, 3), 1, (4, 1), (2, 1), 1),  # dilated, padded on one axis beyond k - 1
     ((1, 8, 32, 32), (4, 8, 3, 3), 1, 0, 1, 1),  # no padding: dY is padded by k - 1
+    # Channel counts that are multiples of 16: ONNX Runtime's blocked (NCHWc) kernels on CPUs with them.
+    ((2, 16, 32, 32), (32, 16, 3, 3), 1, 1, 1, 1),
+    ((2, 32, 15, 13), (16, 32, 3, 3), 2, (1, 0), 1, 1),
+    ((1, 16, 33, 34), (16, 16, 3, 5), 1, (2, 1), (2, 1), 1),
+    ((2, 32, 8, 8), (32, 32, 1, 1), 1, 0, 1, 1),
 ]
 
 
@@ -74,6 +79,15 @@ def test_conv2d_backward(case, bias):
     as_conv = stride == 1 and groups == 1 and shape[1] >= 8 and shape[2] * shape[3] >= 32 * 32
     backward = next(g for g in graphs if g.kind == "backward")
     assert (backward.op_counts["ConvTranspose"] == 0) == as_conv, backward.op_counts
+    # On CPUs with NCHWc kernels, the forward Conv runs blocked when both channel counts are multiples of
+    # the block, and so does an input gradient taken as a Conv.
+    from aot2onnx.runtime.nchwc import block_size
+
+    block = block_size()
+    blocked = bool(block) and groups == 1 and shape[1] % block == 0 and wshape[0] % block == 0
+    forward = next(g for g in graphs if g.kind == "forward")
+    assert forward.nchwc_convolutions == int(blocked)
+    assert backward.nchwc_convolutions == int(blocked and as_conv)
 
 
 def test_conv1d_and_conv3d_backward():
@@ -549,3 +563,67 @@ def test_safe_softmax_with_fully_masked_rows():
     torch._dynamo.reset()
     out = _check_fn(attend, q, k, v)
     assert any(g_.op_counts["ReduceMin"] for g_ in out)
+
+
+@pytest.mark.parametrize("case", [
+    # (input shape, weight shape, strides, pads (begins then ends), dilations, bias)
+    ((2, 16, 10, 9), (32, 16, 3, 3), [1, 1], [1, 1, 1, 1], [1, 1], True),
+    ((1, 32, 11, 12), (16, 32, 3, 2), [2, 1], [0, 1, 2, 0], [1, 2], False),
+    ((2, 16, 6, 6), (16, 16, 1, 1), [1, 1], [0, 0, 0, 0], [1, 1], True),
+    ((1, 16, 9, 9), (48, 16, 5, 5), [3, 3], [2, 2, 2, 2], [1, 1], False),
+], ids=str)
+def test_nchwc_rewrite_matches_conv(case):
+    """The NCHWc rewrite of a Conv whose weight is an input computes what the Conv computes, and F.conv2d."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from aot2onnx.runtime.nchwc import DOMAIN, block_size, rewrite_convolutions
+
+    block = block_size()
+    if not block:
+        pytest.skip("this CPU's ONNX Runtime has no NCHWc kernels")
+    shape, wshape, strides, pads, dilations, bias = case
+    names = ["x", "w", "b"] if bias else ["x", "w"]
+    infos = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
+             helper.make_tensor_value_info("w", TensorProto.FLOAT, wshape),
+             helper.make_tensor_value_info("b", TensorProto.FLOAT, [wshape[0]])][: len(names)]
+    conv = helper.make_node("Conv", names, ["y"], strides=strides, pads=pads, dilations=dilations,
+                            kernel_shape=wshape[2:])
+    graph = helper.make_graph([conv], "g", infos, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    rewritten = rewrite_convolutions(model)
+    assert [n.op_type for n in rewritten.graph.node if n.domain == DOMAIN] == ["ReorderInput", "Conv", "ReorderOutput"]
+    g = torch.Generator().manual_seed(0)
+    feeds = {"x": torch.randn(shape, generator=g), "w": torch.randn(wshape, generator=g),
+             "b": torch.randn(wshape[0], generator=g)}
+    expected = F.conv2d(feeds["x"], feeds["w"], feeds["b"] if bias else None, strides, pads[:2], dilations)
+    outs = []
+    for m in (model, rewritten):
+        session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        outs.append(torch.from_numpy(session.run(None, {k: feeds[k].numpy() for k in names})[0]))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+    if pads[:2] == pads[2:]:  # F.conv2d pads symmetrically
+        torch.testing.assert_close(outs[1], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_nchwc_rewrite_leaves_other_convolutions():
+    """Few input channels, groups, a constant weight (ONNX Runtime reorders that one itself): unchanged."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from aot2onnx.runtime.nchwc import block_size, rewrite_convolutions
+
+    if not block_size():
+        pytest.skip("this CPU's ONNX Runtime has no NCHWc kernels")
+    x3 = helper.make_tensor_value_info("x3", TensorProto.FLOAT, [1, 3, 8, 8])
+    x32 = helper.make_tensor_value_info("x32", TensorProto.FLOAT, [1, 32, 8, 8])
+    w3 = helper.make_tensor_value_info("w3", TensorProto.FLOAT, [32, 3, 3, 3])
+    wg = helper.make_tensor_value_info("wg", TensorProto.FLOAT, [32, 16, 3, 3])
+    const = numpy_helper.from_array(np.ones((32, 32, 3, 3), np.float32), "wc")
+    nodes = [helper.make_node("Conv", ["x3", "w3"], ["y1"], pads=[1] * 4),
+             helper.make_node("Conv", ["x32", "wg"], ["y2"], pads=[1] * 4, group=2),
+             helper.make_node("Conv", ["x32", "wc"], ["y3"], pads=[1] * 4)]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y1", "y2", "y3")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x3, x32, w3, wg], outs, [const]),
+                              opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    assert rewrite_convolutions(model) is model

@@ -17,6 +17,8 @@ from torch.utils.dlpack import from_dlpack as _from_capsule
 
 from aot2onnx.errors import RuntimeSessionError
 from aot2onnx.options import Options
+from aot2onnx.runtime.nchwc import DOMAIN as NCHWC
+from aot2onnx.runtime.nchwc import rewrite_convolutions
 from aot2onnx.signature import GraphSignature, InputKind, OutputKind
 
 logger = logging.getLogger(__name__)
@@ -192,12 +194,17 @@ class OrtGraph:
         # step, so most inputs need no new binding.
         self._bound: dict[str, tuple[int, tuple[int, ...], int]] = {}
         self._session = None
+        self.nchwc_convolutions = 0  # Conv nodes moved to ONNX Runtime's blocked layout (nchwc.py)
         if self._onnx_outputs:
             try:
+                providers = providers_for(device, options)
+                if options.graph_optimization_level in ("layout", "all") and providers == ["CPUExecutionProvider"]:
+                    # ONNX Runtime's layout level would move these to its blocked layout itself, were
+                    # their weights constants (see nchwc.py).
+                    model = rewrite_convolutions(model)
+                self.nchwc_convolutions = sum(n.op_type == "Conv" and n.domain == NCHWC for n in model.graph.node)
                 self._session = ort.InferenceSession(
-                    model.SerializeToString(),
-                    sess_options=session_options(options),
-                    providers=providers_for(device, options),
+                    model.SerializeToString(), sess_options=session_options(options), providers=providers,
                 )
             except RuntimeSessionError:
                 raise
