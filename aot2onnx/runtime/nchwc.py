@@ -106,10 +106,12 @@ def _qualifies(node: onnx.NodeProto, infos: dict[str, onnx.ValueInfoProto], cons
 
 def rewrite_convolutions(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with each qualifying Conv in the NCHWc layout; ``model`` itself where none qualifies."""
+    graph = model.graph
+    if not any(n.op_type == "Conv" and n.domain in ("", "ai.onnx") for n in graph.node):
+        return model  # no probe for graphs without convolutions
     block = block_size()
     if not block:
         return model
-    graph = model.graph
     infos = {v.name: v for v in (*graph.input, *graph.value_info, *graph.output)}
     constants = {t.name for t in graph.initializer}
     constants.update(o for n in graph.node if n.op_type == "Constant" for o in n.output)
