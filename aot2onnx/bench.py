@@ -924,34 +924,34 @@ FINDINGS = """What would close the gaps (measured while tuning, on the 2-core ma
 
 - The step is ONNX Runtime's kernels: hand-off and wrappers are 2-10% of it, and the same graphs take
   about the same kernel time run alone in a bare ONNX Runtime process. Matrix products dominate every
-  model but the CNN. ONNX Runtime's (MLAS) match MKL's (eager) in isolation and lose inside a step:
-  with spinning off, each parallel section has to wake the second thread (one 64x1024x1024 Gemm: 1.34 ms,
-  0.90 ms with spinning, torch 1.10 ms); with spinning on, ONNX Runtime's threads hold the cores after
-  the run and slow torch's work, and spinning only during runs (`session.force_spinning_stop`) made the
-  MLP step slower here (19.2 -> 23.3 ms), and so did short bounded spinning (`session.intra_op.
-  spin_duration_us` 50 or 200 us: MLP step 1.08-1.11x, transformer layer 0.98-0.99x, same process,
-  alternating rounds). One thread pool shared by all sessions (`set_global_thread_pool_sizes`,
-  `use_per_session_threads=False`), which spins and cannot be told not to from Python, made the MLP step
-  slower too (median 23.0 against 16.6 ms; per-session pools that spin: 44 ms). torch's OpenMP workers
-  also spin after each torch op and share the cores with the next ONNX Runtime run
-  (`OMP_WAIT_POLICY=PASSIVE` cut the transformer layer's backward kernels from 41 to 33 ms, and slowed
-  eager). Neither operand order nor transposed flags change the picture: Gemm with the operands swapped
-  and the product transposed (W @ x^T for x @ W^T) was within 2% on the suite's Linear shapes, and
-  13% faster only on the MLP's 64-row batch before the transpose back. A step faster than eager's needs fewer,
-  fused kernels: LayerNorm, GELU, softmax and ReLU gradients are 5-10 elementwise ONNX ops each, and
-  ONNX Runtime's fused gradient kernels exist only in its training build, which did not beat eager here
-  either (its on-device training API: MLP 1.31, transformer layer 1.03, CNN 1.33 of eager's step, from
-  ../shared/FIELD-NOTES.md); custom ONNX Runtime operators would be the way.
+  model but the CNN. ONNX Runtime's (MLAS) match MKL's (eager) in isolation and lose inside a step: with
+  spinning off, each parallel section has to wake the second thread (one 64x1024x1024 Gemm: 1.34 ms, 0.90
+  ms with spinning, torch 1.10 ms); with spinning on, ONNX Runtime's threads hold the cores after the run
+  and slow torch's work, and spinning only during runs (`session.force_spinning_stop`) made the MLP step
+  slower here (19.2 -> 23.3 ms), and so did short bounded spinning (`session.intra_op.spin_duration_us`
+  50 or 200 us: MLP step 1.08-1.11x, transformer layer 0.98-0.99x, same process, alternating rounds). One
+  thread pool shared by all sessions (`set_global_thread_pool_sizes`, `use_per_session_threads=False`),
+  which spins and cannot be told not to from Python, made the MLP step slower too (median 23.0 against
+  16.6 ms; per-session pools that spin: 44 ms). torch's OpenMP workers also spin after each torch op and
+  share the cores with the next ONNX Runtime run (`OMP_WAIT_POLICY=PASSIVE` cut the transformer layer's
+  backward kernels from 41 to 33 ms, and slowed eager). Neither operand order nor transposed flags change
+  the picture: Gemm with the operands swapped and the product transposed (W @ x^T for x @ W^T) was within
+  2% on the suite's Linear shapes, and 13% faster only on the MLP's 64-row batch before the transpose
+  back. A step faster than eager's needs fewer, fused kernels: LayerNorm, GELU, softmax and ReLU gradients
+  are 5-10 elementwise ONNX ops each, and ONNX Runtime's fused gradient kernels exist only in its training
+  build, which did not beat eager here either (its on-device training API: MLP 1.31, transformer layer
+  1.03, CNN 1.33 of eager's step, from ../shared/FIELD-NOTES.md); custom ONNX Runtime operators would be
+  the way.
 - CNN: convolutions whose channel counts are multiples of 16 now run in ONNX Runtime's blocked channel
   layout (`com.microsoft.nchwc`; its own transformer takes only constant weights, so aot2onnx reorders the
   weight in the graph): 32->64 channels 7.0 -> 6.4 ms, 64->32 channels 9.0 -> 6.6 ms alone, CNN step
-  0.900x (alternating rounds). The convolution weight gradient is now one matrix product over an unfolded input (it was a
-  convolution with an image-sized kernel: 43 ms, now about 13 ms), taken as unfolded input times dY
-  transposed, so that ONNX Runtime packs the smaller dY (alone 2-27% faster than the other orientation on
-  6 convolutions; step 0.973x); torch's weight gradient, which unfolds inside its kernel, is still
-  1.1-1.8x faster on those shapes. Max-pool indices no longer need a second whole-input MaxPool (about 11
-  ms saved). Batch norm in training mode now normalizes and applies its weight and bias in one ONNX
-  BatchNormalization fed the batch statistics (step 0.974x), and a large stride-1 convolution's input
+  0.900x (alternating rounds). The convolution weight gradient is now one matrix product over an unfolded
+  input (it was a convolution with an image-sized kernel: 43 ms, now about 13 ms), taken as unfolded input
+  times dY transposed, so that ONNX Runtime packs the smaller dY (alone 2-27% faster than the other
+  orientation on 6 convolutions; step 0.973x); torch's weight gradient, which unfolds inside its kernel,
+  is still 1.1-1.8x faster on those shapes. Max-pool indices no longer need a second whole-input MaxPool
+  (about 11 ms saved). Batch norm in training mode now normalizes and applies its weight and bias in one
+  ONNX BatchNormalization fed the batch statistics (step 0.974x), and a large stride-1 convolution's input
   gradient is a Conv with the flipped weight rather than a ConvTranspose (step 0.993x; alone 7-30% faster
   at 16-64 channels and 32x32 or more, slower on small images, which keep ConvTranspose). Left: MaxPool
   with indices (8.7 ms; 1.4-2.3 ms without; indices from a second MaxPool over a weighted equality mask

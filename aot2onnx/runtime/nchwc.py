@@ -86,45 +86,46 @@ def _static_shape(info: onnx.ValueInfoProto | None) -> list[int] | None:
     return [d.dim_value for d in dims]
 
 
-def _qualifies(node: onnx.NodeProto, infos: dict[str, onnx.ValueInfoProto], constants: set[str], block: int) -> bool:
+def _candidate(node: onnx.NodeProto, infos: dict[str, onnx.ValueInfoProto], constants: set[str]) -> list[int] | None:
+    """The weight shape of a Conv the blocked kernels can run (group 1, float, 2-D, static shapes, a weight
+    that is not a constant), else None. Whether its channel counts fit the block is checked after."""
     if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
-        return False
+        return None
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if attrs.get("group", 1) != 1 or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-        return False
+        return None
     x, w = node.input[0], node.input[1]
     if w in constants:  # ONNX Runtime's own transformer reorders a constant weight once
-        return False
+        return None
     if infos.get(x) is None or infos[x].type.tensor_type.elem_type != TensorProto.FLOAT:
-        return False
+        return None
     x_shape, w_shape = _static_shape(infos.get(x)), _static_shape(infos.get(w))
-    if x_shape is None or w_shape is None or len(x_shape) != 4 or len(w_shape) != 4:
-        return False
-    c_out, c_in = w_shape[0], w_shape[1]
-    return c_in == x_shape[1] and c_in % block == 0 and c_out % block == 0
+    if x_shape is None or w_shape is None or len(x_shape) != 4 or len(w_shape) != 4 or w_shape[1] != x_shape[1]:
+        return None
+    return w_shape
 
 
 def rewrite_convolutions(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with each qualifying Conv in the NCHWc layout; ``model`` itself where none qualifies."""
     graph = model.graph
-    if not any(n.op_type == "Conv" and n.domain in ("", "ai.onnx") for n in graph.node):
-        return model  # no probe for graphs without convolutions
-    block = block_size()
-    if not block:
-        return model
     infos = {v.name: v for v in (*graph.input, *graph.value_info, *graph.output)}
     constants = {t.name for t in graph.initializer}
     constants.update(o for n in graph.node if n.op_type == "Constant" for o in n.output)
-    if not any(_qualifies(n, infos, constants, block) for n in graph.node):
+    candidates = {i: w for i, n in enumerate(graph.node) if (w := _candidate(n, infos, constants)) is not None}
+    if not candidates:
+        return model  # and no probe
+    block = block_size()
+    chosen = {i: w for i, w in candidates.items() if block and w[0] % block == 0 and w[1] % block == 0}
+    if not chosen:
         return model
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
     nodes: list[onnx.NodeProto] = []
     for index, node in enumerate(rewritten.graph.node):
-        if not _qualifies(node, infos, constants, block):
+        if index not in chosen:
             nodes.append(node)
             continue
-        c_out, c_in, *kernel = _static_shape(infos[node.input[1]])
+        c_out, c_in, *kernel = chosen[index]
         name = functools.partial("nchwc{}_{}".format, index)
         blocked_dims = [c_out // block, block, c_in // block, block, *kernel]
         nodes += [
