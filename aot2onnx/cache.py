@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from aot2onnx.signature import GraphSignature, InputKind, InputSpec, OutputKind, OutputSpec
 
@@ -121,6 +122,14 @@ def environment_key(*parts: Any) -> str:
     return hashlib.sha256(f"{_FORMAT};{_environment_fingerprint()};{parts!r}".encode()).hexdigest()
 
 
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """A constant's data. The key is made inside AOTAutograd's fake mode, which refuses any op on a real
+    tensor (the graph's constants are real): reading them needs the mode lifted for the read."""
+    with unset_fake_temporarily():
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
 def graph_key(gm: torch.fx.GraphModule, *, opset: int, rules: list[Any]) -> str:
     """The cache key of lowering ``gm`` at ``opset``; ``rules`` are the user's lowering rules.
 
@@ -135,7 +144,7 @@ def graph_key(gm: torch.fx.GraphModule, *, opset: int, rules: list[Any]) -> str:
         if node.op == "get_attr":
             tensor = getattr(gm, node.target)
             if isinstance(tensor, torch.Tensor):
-                digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+                digest.update(_tensor_bytes(tensor))
     for rule in rules:
         digest.update(f"{rule.origin}:{rule.name}:{function_fingerprint(rule.function)}".encode())
     return digest.hexdigest()
