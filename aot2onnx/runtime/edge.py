@@ -93,13 +93,16 @@ def open_artifact(out_dir: str | os.PathLike) -> Artifact:
     """Reads ``signature.json`` and checks it and the files it names, before any model is loaded.
 
     Raises:
-        ArtifactError: a missing file, an unknown format, a signature that contradicts itself, a model path or
-            an ONNX external-data path that points outside the artifact directory.
+        ArtifactError: a missing file, an unknown format, a signature that contradicts itself, a file (the
+            signature, the state, a model or ONNX external data) that is or resolves outside the artifact
+            directory.
     """
     root = pathlib.Path(out_dir)
     if not root.is_dir():
         raise ArtifactError(f"{root} is not a directory: an aot2onnx training artifact is a directory")
-    path = root / SIGNATURE_FILE
+    # Every file read from the artifact passes _inside, as the models and their external data do: a symbolic
+    # link inside the directory must not make a reader open a file elsewhere.
+    path = _inside(root, SIGNATURE_FILE, f"{root}: the signature file")
     if not path.is_file():
         raise ArtifactError(f"{path} is missing: {root} is not an aot2onnx training artifact (or is incomplete)")
     try:
@@ -115,7 +118,7 @@ def open_artifact(out_dir: str | os.PathLike) -> Artifact:
                 raise ArtifactError(f"{model} is missing (the signature's {graph} model)")
             check_external_data(model)
             models[graph] = model
-    if not (root / STATE_FILE).is_file():
+    if not _inside(root, STATE_FILE, f"{root}: the state file").is_file():
         raise ArtifactError(f"{root / STATE_FILE} is missing: the artifact has no state")
     return Artifact(root, signature, models)
 
@@ -228,7 +231,7 @@ _MESSAGES = {
     "model": {7: "graph", 20: "training_info", 25: "function"},
     "training_info": {1: "graph", 2: "graph"},
     "graph": {1: "node", 5: "tensor", 15: "sparse_tensor"},
-    "function": {7: "node"},
+    "function": {7: "node", 11: "attribute"},  # 11: the default values of the function's attributes
     "node": {5: "attribute"},
     "attribute": {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 22: "sparse_tensor", 23: "sparse_tensor"},
     "sparse_tensor": {1: "tensor", 2: "tensor"},
@@ -375,7 +378,7 @@ def check_embedded_signature(artifact: Artifact, graph: str, session: ort.Infere
 
 def read_state(artifact: Artifact) -> dict[str, np.ndarray]:
     """The state tensors, each checked against the signature (present, dtype, shape)."""
-    path = artifact.root / STATE_FILE
+    path = _inside(artifact.root, STATE_FILE, f"{artifact.root}: the state file")
     tensors = {}
     try:
         with safetensors.safe_open(str(path), framework="numpy") as f:

@@ -37,7 +37,8 @@ def load(out_dir: str | os.PathLike, **options: Any) -> LoadedModule:
     Raises:
         ArtifactError: a missing file, an unknown format, a signature that disagrees with a model's inputs or
             outputs (names, dtypes, ranks) or with itself, a state file missing a tensor or holding one of the
-            wrong dtype or shape, or an ONNX external-data path outside the artifact directory.
+            wrong dtype or shape, or a file (the signature, the state, a model or ONNX external data) that is or
+            resolves outside the artifact directory.
     """
     # Imported here: `import aot2onnx` must not import edge, or `python -m aot2onnx.runtime.edge` would find it
     # imported already and runpy would warn.

@@ -155,6 +155,33 @@ def _explain_missing_kernel(model: onnx.ModelProto, message: str) -> str:
     return "".join(lines)
 
 
+def _disabled_optimizers(model: onnx.ModelProto) -> list[str]:
+    """ONNX Runtime's graph rewrites that would compute a wrong result in ``model``.
+
+    ExpandElimination removes an Expand whose constant target sizes are each at most 1 where they differ
+    from the input's, taking it for a no-op; but expanding a size-1 dimension to size 0 empties it (the
+    gradient of a sum over an empty batch is such an Expand: with it removed, ONNX Runtime 1.32 returns a
+    [1, n] gradient for a [0, n] input). Only models with an empty dimension go without the rewrite.
+    """
+    nodes = [*model.graph.node, *(node for function in model.functions for node in function.node)]
+    if not any(node.op_type == "Expand" for node in nodes):
+        return []
+    values = (*model.graph.input, *model.graph.output, *model.graph.value_info)
+    if any(
+        dim.HasField("dim_value") and dim.dim_value == 0 for value in values for dim in value.type.tensor_type.shape.dim
+    ):
+        return ["ExpandElimination"]
+    constants = {t.name: t for t in model.graph.initializer}
+    constants.update(
+        {n.output[0]: a.t for n in nodes if n.op_type == "Constant" for a in n.attribute if a.name == "value"}
+    )
+    for node in nodes:
+        if node.op_type == "Expand" and node.input[1] in constants:
+            if 0 in onnx.numpy_helper.to_array(constants[node.input[1]]).reshape(-1):
+                return ["ExpandElimination"]
+    return []
+
+
 class OrtGraph:
     """A lowered graph and its session: a boxed callable for AOTAutograd's runtime wrappers.
 
@@ -205,6 +232,7 @@ class OrtGraph:
                 self.nchwc_convolutions = sum(n.op_type == "Conv" and n.domain == NCHWC for n in model.graph.node)
                 self._session = ort.InferenceSession(
                     model.SerializeToString(), sess_options=session_options(options), providers=providers,
+                    disabled_optimizers=_disabled_optimizers(model),
                 )
             except RuntimeSessionError:
                 raise
