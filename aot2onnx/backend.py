@@ -27,7 +27,7 @@ from aot2onnx.cache import (
 )
 from aot2onnx.capture import GraphKind, capture, decomposition_table
 from aot2onnx.capture.fastpath import FASTPATH_DECOMPOSITIONS
-from aot2onnx.errors import LoweringError
+from aot2onnx.errors import LoweringError, RuntimeSessionError, UnsupportedOpError
 from aot2onnx.fallback import FallbackGraph, split_unsupported, unsupported_targets
 from aot2onnx.lower.registry import default_registry, user_rules
 from aot2onnx.lower.seeds import reseed
@@ -160,7 +160,12 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, optio
     def compile_graph(
         graph: torch.fx.GraphModule, inputs: Sequence[Any], kind: GraphKind, capture_s: float
     ) -> tuple[OrtGraph | FallbackGraph, str | None]:
-        return _compile_graph(graph, f"{label}_{kind.value}", kind, device, options, cache, capture_s)
+        try:
+            return _compile_graph(graph, f"{label}_{kind.value}", kind, device, options, cache, capture_s)
+        except (LoweringError, RuntimeSessionError) as e:
+            if not isinstance(e, UnsupportedOpError):
+                _raise_torch_refusal(graph, e)
+            raise
 
     def load_graph(key: str, kind: GraphKind) -> OrtGraph:
         assert cache is not None
@@ -259,3 +264,63 @@ def _start_session(
         name, lowered.fx_node_count, lowered.onnx_node_count, capture_s, lower_s, how, session_s,
     )
     return runner
+
+# ---------------------------------------------------------------------------------------------------------
+# PyTorch's own error for a graph that ONNX Runtime (or a lowering rule) refused
+
+
+def _raise_torch_refusal(graph: torch.fx.GraphModule, error: Exception) -> None:
+    """Raises the error PyTorch's kernels give for the first node of ``graph`` they refuse, if any.
+
+    The graph was traced with fake tensors, whose meta kernels skip some of the kernels' checks: torch's
+    Python meta kernels for addmm and addmv are its decompositions and replace the C++ meta functions that
+    compare dtypes, so an int64 input into a float ``nn.Linear`` is captured, and ONNX Runtime then refuses
+    its Gemm ("bound to different types"). Run only after a failure: each node runs once with PyTorch's
+    kernel on zeros of its inputs' dtypes and shapes, so it costs about one eager pass of the graph.
+    """
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    class NoExample(Exception):
+        pass
+
+    def example(arg: torch.fx.Node) -> Any:
+        value = arg.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            shape = [optimization_hint(d) if isinstance(d, torch.SymInt) else d for d in value.shape]
+            return torch.zeros(shape, dtype=value.dtype, device=value.device)
+        if isinstance(value, torch.SymInt):
+            return optimization_hint(value)
+        if isinstance(value, (int, float, bool)):
+            return value
+        raise NoExample
+
+    with unset_fake_temporarily(), torch.no_grad():
+        for node in graph.graph.nodes:
+            if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+                continue
+            try:
+                args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), example)
+            except NoExample:  # an input without an example value (a constant attribute): not checked
+                continue
+            try:
+                node.target(*args, **kwargs)
+            except Exception as e:
+                refused = e
+                break
+        else:
+            return
+    # The kernel's message first, as eager PyTorch gives it; then where it was, and what failed without it.
+    stack = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
+    message = (
+        f"{refused}\n  This is PyTorch's error for {node.format_node()}, as eager PyTorch raises it: tracing with "
+        "fake tensors does not make this check."
+        + (f"\n  At {stack[-2]}: {stack[-1]}" if len(stack) >= 2 else "")
+        + f"\n  Without it, aot2onnx failed with: {(str(error).splitlines() or [type(error).__name__])[0]}"
+    )
+    try:
+        replacement = type(refused)(message)
+    except Exception:  # an exception type that takes other arguments
+        replacement = RuntimeError(message)
+    raise replacement from refused
+
