@@ -323,4 +323,3 @@ def _raise_torch_refusal(graph: torch.fx.GraphModule, error: Exception) -> None:
     except Exception:  # an exception type that takes other arguments
         replacement = RuntimeError(message)
     raise replacement from refused
-
