@@ -21,9 +21,10 @@ from aot2onnx.cache import (
     GraphCache,
     default_cache_dir,
     environment_key,
-    function_fingerprint,
     graph_key,
     package_fingerprint,
+    rule_key,
+    unkeyed_rule,
 )
 from aot2onnx.capture import GraphKind, capture, decomposition_table
 from aot2onnx.capture.fastpath import FASTPATH_DECOMPOSITIONS
@@ -63,11 +64,13 @@ def _graph_cache(options: Options) -> GraphCache | None:
     if not options.cache:
         return None
     directory = options.cache_dir or default_cache_dir()
-    return GraphCache(directory) if directory else None
+    return GraphCache.open(directory) if directory else None
 
 
 def _user_rule_keys() -> tuple[str, ...]:
-    return tuple(f"{rule.target}:{rule.name}:{function_fingerprint(rule.function)}" for rule in user_rules())
+    """The user's rules by everything their lowerings depend on (the values they read included), for the
+    keys above the graph cache: AOTAutograd's entries name graphs by keys made with these rules."""
+    return tuple(rule_key(rule) for rule in user_rules())
 
 
 class _TableOnFirstUse(Mapping):
@@ -185,6 +188,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, optio
         partitioner=options.partitioner,
         load_graph=load_graph if cache is not None else None,
         cache_dir=_aot_cache_dir(cache, options) if cache is not None else None,
+        authenticator=cache.authenticator if cache is not None else None,
     )
 
 
@@ -220,11 +224,26 @@ def _compile_graph(
             onnx.checker.check_model(lowered.model)
         except onnx.checker.ValidationError as e:
             raise LoweringError(f"the lowered model of graph {name!r} fails onnx.checker: {e}") from e
-    stored = cache is not None and cache.store(
-        key, lowered.model.SerializeToString(), lowered.signature, lowered.fx_node_count
+    stored = (
+        cache is not None
+        and _storable(graph, name)
+        and cache.store(key, lowered.model.SerializeToString(), lowered.signature, lowered.fx_node_count)
     )
     runner = _start_session(lowered, name, kind, device, options, capture_s, time.perf_counter() - start, "lowered")
     return runner, key if stored else None
+
+
+def _storable(graph: torch.fx.GraphModule, name: str) -> bool:
+    """Whether the graph cache may keep the lowering of ``graph`` (as lowered, its passes applied): not if a
+    user rule it used reads a value that has no fingerprint, as a later process could not tell it changed."""
+    unkeyed = unkeyed_rule(graph, user_rules())
+    if unkeyed is None:
+        return True
+    rule, reason = unkeyed
+    logger.debug(
+        "aot2onnx: %s is not cached: the lowering rule %s depends on a value it cannot key: %s", name, rule.name, reason
+    )
+    return False
 
 
 def _start_cached(

@@ -2,34 +2,54 @@
 
 An entry holds one lowered ONNX model and its :class:`~aot2onnx.signature.GraphSignature`. Its key covers
 everything that decides the lowering: the FX graph (ops, arguments, every node's dtype and shape, constant
-tensors' bytes), the options that change the model (opset), the lowering rules the graph uses (user rules
-by their code), the source of aot2onnx itself, and the versions of torch, onnx, onnxscript, onnx_ir,
-onnxruntime and aot2onnx.
+tensors' bytes), the options that change the model (opset), the user's lowering rules (see
+:func:`function_fingerprint`), the source of aot2onnx itself, and the versions of torch, onnx, onnxscript,
+onnx_ir, onnxruntime and aot2onnx.
 
 Entries are written atomically: the file is written under a temporary name in the same directory and then
 renamed, so a process killed mid-write leaves at most a temporary file, never an entry. Each entry also
 stores a digest of its model bytes and its own key, and an entry that does not verify is ignored. Nothing
 in an entry is unpickled: the header is JSON, the model is ONNX protobuf.
 
+Every entry is authenticated: its header carries an HMAC-SHA256, keyed by a secret of this user's (32
+random bytes, created on first use with mode 0600 outside the cache directory, see :func:`secret_path`).
+Whoever can write to the cache directory but cannot read the secret cannot make an entry this process
+serves: a forged model, or a pickle for AOTAutograd's part to load, is a miss with a warning. A directory
+that others can write to or that another user owns, and a secret file that others can read or that another
+user owns, turn the cache off for the process, with one warning that says what to fix.
+
 The directory's ``aot/`` part is AOTAutograd's own cache, one level up (see ``aot2onnx.capture.aot``);
-its entries are torch's pickles, which name graphs of this cache by key.
+its entries are torch's pickles, which name graphs of this cache by key, each sealed with the same HMAC
+(:class:`Authenticator`) and checked before torch unpickles it.
 
 ``AOT2ONNX_CACHE_DIR`` sets the directory (default ``$XDG_CACHE_HOME/aot2onnx`` or ``~/.cache/aot2onnx``);
 setting it to an empty string, ``0`` or ``off`` turns the cache off, as does the ``cache=False`` option.
+``AOT2ONNX_CACHE_SECRET_FILE`` sets the secret's file (default ``$XDG_CONFIG_HOME/aot2onnx/cache-secret``
+or ``~/.config/aot2onnx/cache-secret``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import dis
+import enum
 import functools
 import hashlib
+import hmac
 import importlib.metadata
 import json
 import logging
 import os
 import pathlib
+import site
+import stat
+import sys
+import sysconfig
 import tempfile
+import types
+import warnings
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -39,18 +59,23 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from aot2onnx.signature import GraphSignature, InputKind, InputSpec, OutputKind, OutputSpec
 
 __all__ = [
+    "Authenticator",
     "CachedGraph",
     "GraphCache",
+    "cache_secret",
     "default_cache_dir",
     "environment_key",
     "function_fingerprint",
     "graph_key",
     "package_fingerprint",
+    "rule_key",
+    "secret_path",
+    "unkeyed_rule",
 ]
 
 logger = logging.getLogger("aot2onnx")
 
-_FORMAT = "aot2onnx.cache/1"
+_FORMAT = "aot2onnx.cache/2"  # 2: entries carry an HMAC
 _OFF = ("", "0", "off", "false", "no")
 
 
@@ -62,6 +87,131 @@ def default_cache_dir() -> pathlib.Path | None:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return pathlib.Path(base) / "aot2onnx"
 
+
+# --- Trust: the secret, the directory, the HMAC -------------------------------------------------------------
+
+_SECRET_BYTES = 32
+
+
+def secret_path() -> pathlib.Path:
+    """Where the cache's secret lives: ``AOT2ONNX_CACHE_SECRET_FILE``, else the user configuration directory.
+
+    Outside the cache directory, so that whoever may write cache entries (a shared CI cache, a directory
+    restored from an archive) does not get the key with them.
+    """
+    configured = os.environ.get("AOT2ONNX_CACHE_SECRET_FILE")
+    if configured:
+        return pathlib.Path(configured).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return pathlib.Path(base) / "aot2onnx" / "cache-secret"
+
+
+class _Untrusted(Exception):
+    """Why a cache directory or a secret file cannot be used (the message completes a sentence)."""
+
+
+def _check_owner_and_mode(st: os.stat_result, what: str, forbidden: int) -> None:
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise _Untrusted(f"{what} is owned by another user (uid {st.st_uid}, this process runs as {os.getuid()})")
+    if st.st_mode & forbidden:
+        raise _Untrusted(f"{what} has mode {stat.S_IMODE(st.st_mode):#o}")
+
+
+def _read_or_create_secret(path: pathlib.Path) -> bytes:
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Written whole under a temporary name (mkstemp's mode is 0600), then linked into place: a link does
+        # not replace a secret another process published meanwhile, and no one reads a half-written one.
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(os.urandom(_SECRET_BYTES))
+                out.flush()
+                os.fsync(out.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+        f = open(path, "rb")
+    with f:
+        # Checked on the open file: what is read is what was checked.
+        _check_owner_and_mode(os.fstat(f.fileno()), "it", 0o077)
+        secret = f.read()
+    if len(secret) < 16:
+        raise _Untrusted(f"it holds {len(secret)} bytes, fewer than 16")
+    return secret
+
+
+_SECRETS: dict[pathlib.Path, bytes | None] = {}
+
+
+def cache_secret() -> bytes | None:
+    """This user's cache secret, created on first use; ``None`` (after one warning) when it cannot be trusted."""
+    path = secret_path()
+    if path not in _SECRETS:
+        try:
+            _SECRETS[path] = _read_or_create_secret(path)
+        except (OSError, _Untrusted) as e:
+            _SECRETS[path] = None
+            warnings.warn(
+                f"aot2onnx: the persistent cache is off in this process: its secret file {path} cannot be "
+                f"trusted: {e}. The file must belong to you and be readable by you alone (chmod 600 {path}); "
+                f"delete it to have a new one made, or point AOT2ONNX_CACHE_SECRET_FILE elsewhere.",
+                UserWarning,
+                stacklevel=2,
+            )
+    return _SECRETS[path]
+
+
+def _check_directory(directory: pathlib.Path) -> None:
+    """Raises ``_Untrusted`` for a cache directory another user could write entries into."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = directory.stat()
+    except OSError as e:
+        raise _Untrusted(f"it cannot be created or read ({e})") from e
+    if not stat.S_ISDIR(st.st_mode):
+        raise _Untrusted("it is not a directory")
+    # Writable by others is refused unless sticky: in a sticky directory of ours, others may add files but
+    # not replace or remove ours, and what they add does not authenticate.
+    _check_owner_and_mode(st, "it", 0 if st.st_mode & stat.S_ISVTX else 0o022)
+
+
+_REFUSED_DIRECTORIES: set[pathlib.Path] = set()
+
+
+class Authenticator:
+    """HMAC-SHA256 with this user's secret, over an entry and the name it is filed under.
+
+    Binding the name (the key, the directory of AOTAutograd's entries) means an authentic entry copied to
+    another key does not authenticate there either.
+    """
+
+    MAGIC = b"aot2onnx-hmac-sha256/1\n"
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+
+    def mac(self, *parts: bytes) -> bytes:
+        message = b"".join(len(part).to_bytes(8, "big") + part for part in parts)
+        return hmac.new(self._secret, message, hashlib.sha256).digest()
+
+    def seal(self, payload: bytes, *names: bytes) -> bytes:
+        """``payload`` with its HMAC in front, to be opened by :meth:`open` with the same ``names``."""
+        return self.MAGIC + self.mac(*names, payload) + payload
+
+    def open(self, data: bytes, *names: bytes) -> bytes | None:
+        """The payload of what :meth:`seal` made with ``names``; ``None`` when ``data`` does not authenticate."""
+        if not data.startswith(self.MAGIC):
+            return None
+        tag_end = len(self.MAGIC) + hashlib.sha256().digest_size
+        tag, payload = data[len(self.MAGIC) : tag_end], data[tag_end:]
+        return payload if hmac.compare_digest(tag, self.mac(*names, payload)) else None
+
+
+# --- Keys ---------------------------------------------------------------------------------------------------
 
 _PACKAGE_ROOT = pathlib.Path(__file__).parent
 
@@ -106,15 +256,256 @@ def _describe_value(value: Any) -> str:
     return type(value).__name__ + ":" + str(value)
 
 
-def function_fingerprint(function: Any) -> str:
-    code = getattr(function, "__code__", None)
-    if code is None:  # an onnxscript OnnxFunction or another callable object
-        proto = getattr(function, "to_function_proto", None)
-        return proto().SerializeToString().hex() if proto else repr(function)
-    digest = hashlib.sha256(code.co_code)
-    digest.update(repr(code.co_consts).encode())
-    digest.update(repr(code.co_names).encode())
-    return digest.hexdigest()
+class _Unfingerprintable(Exception):
+    """A value a rule depends on has no reliable fingerprint; the message says which."""
+
+
+@functools.cache
+def _installed_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= {site.getusersitepackages(), str(_PACKAGE_ROOT)}
+    return tuple(os.path.join(os.path.realpath(root), "") for root in roots)
+
+
+@functools.cache
+def _is_installed(filename: str | None) -> bool:
+    """Whether code from ``filename`` belongs to the Python installation, an installed package or aot2onnx:
+    it changes with their versions (and aot2onnx's source), which the keys cover, so it counts by name."""
+    if filename is None or filename.startswith("<frozen "):
+        return True
+    return os.path.realpath(filename).startswith(_installed_roots())
+
+
+_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes, type(Ellipsis)})
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_ATTRIBUTE_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+
+
+def _names(code: types.CodeType) -> tuple[set[str], set[str]]:
+    """The global names ``code`` (and the code nested in it) reads, and the attribute names it reads."""
+    global_names: set[str] = set()
+    attributes: set[str] = set()
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in _GLOBAL_OPS:
+            global_names.add(instruction.argval)
+        elif instruction.opname in _ATTRIBUTE_OPS:
+            attributes.add(instruction.argval)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            nested_globals, nested_attributes = _names(const)
+            global_names |= nested_globals
+            attributes |= nested_attributes
+    return global_names, attributes
+
+
+class _Fingerprinter:
+    """Describes a value by everything a lowering rule's result can depend on, as text that is the same in
+    every process for the same values (no addresses, no hash-ordered iteration)."""
+
+    def __init__(self) -> None:
+        self._active: set[int] = set()  # functions and modules being described: a recursive reference
+
+    def value(self, value: Any, where: str) -> str:
+        kind = type(value)
+        if kind in _ATOMS:
+            return f"{kind.__name__}:{value!r}"
+        if isinstance(value, enum.Enum):
+            return f"enum:{kind.__module__}.{kind.__qualname__}.{value.name}={self.value(value.value, where)}"
+        if kind is list or isinstance(value, tuple):  # tuples: torch.Size and named tuples too
+            items = ",".join(self.value(v, f"{where}[{i}]") for i, v in enumerate(value))
+            return f"{kind.__module__}.{kind.__qualname__}({items})"
+        if kind in (set, frozenset):
+            return kind.__name__ + "(" + ",".join(sorted(self.value(v, f"an element of {where}") for v in value)) + ")"
+        if kind is dict:
+            items = sorted(
+                f"{self.value(k, f'a key of {where}')}:{self.value(v, f'{where}[{k!r}]')}" for k, v in value.items()
+            )
+            return "dict(" + ",".join(items) + ")"
+        if kind is types.CodeType:
+            return self.code(value, where)
+        if kind is types.FunctionType:
+            return self.function(value, where)
+        if isinstance(value, types.ModuleType):
+            return self.module(value, set(), where)
+        if kind is types.MethodType:
+            return f"method({self.value(value.__self__, where)},{self.value(value.__func__, where)})"
+        if kind is functools.partial:
+            parts = (value.func, value.args, value.keywords)
+            return "partial(" + ",".join(self.value(part, where) for part in parts) + ")"
+        if kind in (types.BuiltinFunctionType, types.BuiltinMethodType):
+            owner = value.__self__
+            if owner is None or isinstance(owner, types.ModuleType):
+                return f"builtin:{value.__module__}.{value.__qualname__}"
+            return f"bound:{self.value(owner, where)}.{value.__name__}"
+        if kind in (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType):
+            return f"descriptor:{value.__objclass__.__module__}.{value.__objclass__.__qualname__}.{value.__name__}"
+        if isinstance(value, type):
+            module = sys.modules.get(value.__module__)
+            if value.__module__ == "builtins" or _is_installed(getattr(module, "__file__", None)):
+                return f"class:{value.__module__}.{value.__qualname__}"
+            raise _Unfingerprintable(f"{where} is the class {value.__qualname__}, defined outside installed packages")
+        if isinstance(value, torch.Tensor):
+            return f"tensor:{_describe_value(value)}:{hashlib.sha256(_tensor_bytes(value)).hexdigest()}"
+        if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return f"torch:{value}"
+        if isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            return f"op:{value}"
+        if isinstance(value, logging.Logger):  # logs, does not decide what a rule builds
+            return f"logger:{value.name}"
+        protobuf = sys.modules.get("google.protobuf.message")
+        if protobuf is not None and isinstance(value, protobuf.Message):  # an onnx.TensorProto, say
+            message = value.SerializeToString(deterministic=True)
+            return f"proto:{value.DESCRIPTOR.full_name}:{hashlib.sha256(message).hexdigest()}"
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            if isinstance(value, numpy.ndarray) and not value.dtype.hasobject:
+                return f"ndarray:{value.dtype.str}:{value.shape}:{hashlib.sha256(value.tobytes()).hexdigest()}"
+            if isinstance(value, numpy.generic) and not isinstance(value, numpy.object_):
+                return f"numpy:{value.dtype.str}:{value.tobytes().hex()}"
+            if isinstance(value, numpy.dtype):
+                return f"dtype:{value.str}"
+        # onnxscript is imported only where a rule uses it; then its module is in sys.modules.
+        onnxscript_values = sys.modules.get("onnxscript._internal.values") or sys.modules.get("onnxscript.values")
+        if onnxscript_values is not None:
+            if isinstance(value, onnxscript_values.Opset):
+                return f"opset:{value.domain}:{value.version}"
+            if isinstance(value, onnxscript_values.OnnxFunction):  # a script function: its proto is all of it
+                proto = value.to_function_proto().SerializeToString()
+                return f"onnxfunction:{hashlib.sha256(proto).hexdigest()}"
+            if isinstance(value, onnxscript_values.TracedOnnxFunction):
+                return f"traced({self.value(value.opset, where)},{self.value(value.func, where)})"
+        raise _Unfingerprintable(f"{where} is a {kind.__module__}.{kind.__qualname__}: no reliable fingerprint")
+
+    def code(self, code: types.CodeType, where: str) -> str:
+        constants = ",".join(self.value(c, f"a constant of {where}") for c in code.co_consts)
+        signature = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
+        fields = (*signature, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)
+        body = hashlib.sha256(code.co_code + getattr(code, "co_exceptiontable", b"")).hexdigest()
+        return f"code({body},{fields!r},[{constants}])"
+
+    def function(self, function: types.FunctionType, where: str) -> str:
+        name = f"{function.__module__}.{function.__qualname__}"
+        if id(function) in self._active:
+            return f"recursion:{name}"
+        self._active.add(id(function))
+        try:
+            code = function.__code__
+            global_names, attributes = _names(code)
+            parts = [f"function:{name}"]
+            if not _is_installed(code.co_filename):
+                parts.append(self.code(code, name))
+                parts.append(self.value(function.__defaults__, f"the default arguments of {name}"))
+                parts.append(self.value(function.__kwdefaults__, f"the keyword defaults of {name}"))
+                parts.append(self._globals(function, global_names, attributes, name))
+            # An installed function counts by name, but a closure's cells hold what its factory was given.
+            for variable, cell in zip(code.co_freevars, function.__closure__ or ()):
+                try:
+                    contents = cell.cell_contents
+                except ValueError:  # not assigned yet
+                    parts.append(f"{variable}:empty")
+                    continue
+                where = f"the closure variable {variable!r} of {name}"
+                parts.append(f"{variable}={self._read(contents, attributes, where)}")
+            return "(" + ";".join(parts) + ")"
+        finally:
+            self._active.discard(id(function))
+
+    def _read(self, value: Any, attributes: set[str], where: str) -> str:
+        """A value the code reads by name: a module is described by the ``attributes`` the code reads."""
+        if isinstance(value, types.ModuleType):
+            return self.module(value, attributes, where)
+        return self.value(value, where)
+
+    def _globals(self, function: types.FunctionType, global_names: set[str], attributes: set[str], name: str) -> str:
+        namespace = function.__globals__
+        builtin_namespace = function.__builtins__
+        parts = []
+        for global_name in sorted(global_names):
+            if global_name in namespace:
+                value = namespace[global_name]
+            elif global_name in builtin_namespace:
+                value = builtin_namespace[global_name]
+            else:
+                parts.append(f"{global_name}:undefined")
+                continue
+            parts.append(f"{global_name}={self._read(value, attributes, f'the global {global_name!r} of {name}')}")
+        return "globals(" + ";".join(parts) + ")"
+
+    def module(self, module: types.ModuleType, attributes: set[str], where: str) -> str:
+        """An installed module counts by name; the user's own (``config.SCALE``) by the attributes the code
+        reads from it."""
+        name = module.__name__
+        # A module made at run time (torch.ops.aten) has no file of its own: its package's file says.
+        package = sys.modules.get(name.partition(".")[0])
+        file = getattr(module, "__file__", None) or getattr(package, "__file__", None)
+        if name in sys.builtin_module_names or (file is not None and _is_installed(file)) or id(module) in self._active:
+            return f"module:{name}"
+        self._active.add(id(module))
+        try:
+            namespace = vars(module)
+            parts = [f"module:{name}"]
+            for attribute in sorted(attributes & namespace.keys()):
+                inner = f"{name}.{attribute} ({where})"
+                parts.append(f"{attribute}={self._read(namespace[attribute], attributes, inner)}")
+            return "(" + ";".join(parts) + ")"
+        finally:
+            self._active.discard(id(module))
+
+
+def _fingerprint(function: Any) -> tuple[str | None, str]:
+    """``function``'s fingerprint and ``""``, or ``None`` and why it has none."""
+    try:
+        text = _Fingerprinter().value(function, "the rule")
+    except _Unfingerprintable as e:
+        return None, str(e)
+    except RecursionError:  # a container that holds itself
+        return None, "a value it reads nests too deeply"
+    return hashlib.sha256(text.encode()).hexdigest(), ""
+
+
+def function_fingerprint(function: Any) -> str | None:
+    """A digest of everything a lowering rule's result can depend on; ``None`` where that cannot be known.
+
+    Covered: the code (bytecode, constants, names, the code objects nested in it), default and keyword-only
+    default arguments, the values in its closure's cells, and the values of the globals it reads:
+    recursively through the user functions it calls, the attributes it reads from the user's own modules,
+    containers, tensors and arrays by their bytes, onnxscript opsets by domain and version, onnxscript
+    script functions by their proto. Functions, classes and modules of the Python installation, of
+    installed packages and of aot2onnx count by their qualified name (their versions are in the keys).
+    Anything else (an instance of a class of the user's) has no reliable fingerprint: ``None``, and the
+    graphs that use the rule are not cached (see :func:`unkeyed_rule`).
+    """
+    return _fingerprint(function)[0]
+
+
+def _target_name(target: Any) -> Any:
+    return target.name() if isinstance(target, torch._ops.OpOverload) else target
+
+
+def rule_key(rule: Any) -> str:
+    """A user rule as the keys hold it: target, opset, name and fingerprint (``unkeyed`` where it has none).
+
+    A graph that a rule without a fingerprint lowers is never stored, so ``unkeyed`` stands safely for any
+    such rule in the keys of graphs that do not use it.
+    """
+    fingerprint = function_fingerprint(rule.function) or "unkeyed"
+    return f"{rule.origin}:{_target_name(rule.target)}:{rule.opset_introduced}:{rule.name}:{fingerprint}"
+
+
+def unkeyed_rule(gm: torch.fx.GraphModule, rules: Iterable[Any]) -> tuple[Any, str] | None:
+    """The first of ``rules`` that lowers a node of ``gm`` and has no fingerprint, with why; else ``None``.
+
+    Asked of a graph after its lowering, whose passes may have added nodes: a rule is looked up by the
+    node's target, so these are exactly the rules the lowering could have used.
+    """
+    targets = {_target_name(node.target) for node in gm.graph.nodes if node.op == "call_function"}
+    for rule in rules:
+        if _target_name(rule.target) in targets:
+            fingerprint, reason = _fingerprint(rule.function)
+            if fingerprint is None:
+                return rule, reason
+    return None
 
 
 def environment_key(*parts: Any) -> str:
@@ -130,11 +521,11 @@ def _tensor_bytes(tensor: torch.Tensor) -> bytes:
         return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
 
 
-def graph_key(gm: torch.fx.GraphModule, *, opset: int, rules: list[Any]) -> str:
+def graph_key(gm: torch.fx.GraphModule, *, opset: int, rules: Iterable[Any]) -> str:
     """The cache key of lowering ``gm`` at ``opset``; ``rules`` are the user's lowering rules.
 
     aot2onnx's own rules and torch_lib's are covered by the source digest and the versions; a user's rule
-    is keyed by its code, so editing it invalidates what it lowered.
+    by :func:`rule_key`, so editing it, or changing a value it reads, invalidates what it lowered.
     """
     digest = hashlib.sha256()
     digest.update(f"{_FORMAT};{_environment_fingerprint()};opset={opset};".encode())
@@ -146,7 +537,7 @@ def graph_key(gm: torch.fx.GraphModule, *, opset: int, rules: list[Any]) -> str:
             if isinstance(tensor, torch.Tensor):
                 digest.update(_tensor_bytes(tensor))
     for rule in rules:
-        digest.update(f"{rule.origin}:{rule.name}:{function_fingerprint(rule.function)}".encode())
+        digest.update(f"{rule_key(rule)};".encode())
     return digest.hexdigest()
 
 
@@ -176,13 +567,47 @@ class CachedGraph:
 
 
 class GraphCache:
-    """Lowered graphs on disk, one file per key: a JSON header line, then the serialized ONNX model."""
+    """Lowered graphs on disk, one file per key: a JSON header line, then the serialized ONNX model.
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    The header's ``hmac`` authenticates the rest of the header, which holds the key and the model's
+    SHA-256: an entry verifies only if this user's aot2onnx wrote it under this key.
+    """
+
+    def __init__(self, directory: str | os.PathLike, secret: bytes | None = None) -> None:
+        """``secret`` defaults to :func:`cache_secret`; prefer :meth:`open`, which also checks the directory."""
         self.directory = pathlib.Path(directory)
+        secret = cache_secret() if secret is None else secret
+        if secret is None:
+            raise PermissionError("aot2onnx: the cache has no usable secret (see the warning above)")
+        self.authenticator = Authenticator(secret)
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike) -> GraphCache | None:
+        """The cache in ``directory``, or ``None`` (after one warning per directory and process) when other
+        users could write to the directory or own it, or when the secret cannot be trusted."""
+        directory = pathlib.Path(directory)
+        if directory in _REFUSED_DIRECTORIES:
+            return None
+        try:
+            _check_directory(directory)
+        except _Untrusted as e:
+            _REFUSED_DIRECTORIES.add(directory)
+            warnings.warn(
+                f"aot2onnx: the persistent cache is off in this process: other users could write entries into "
+                f"its directory {directory}: {e}. Use a directory that belongs to you and that only you can "
+                f"write to (chmod 700 {directory}), or set AOT2ONNX_CACHE_DIR.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return None
+        secret = cache_secret()
+        return None if secret is None else cls(directory, secret)
 
     def _path(self, key: str) -> pathlib.Path:
         return self.directory / key[:2] / f"{key}.onnxentry"
+
+    def _header_mac(self, header: dict[str, Any]) -> str:
+        return self.authenticator.mac(b"graph", json.dumps(header, sort_keys=True).encode()).hex()
 
     def load(self, key: str) -> CachedGraph | None:
         path = self._path(key)
@@ -193,16 +618,20 @@ class GraphCache:
         header_line, _, model_bytes = data.partition(b"\n")
         try:
             header = json.loads(header_line)
+            mac = header.pop("hmac")
+            authentic = isinstance(mac, str) and hmac.compare_digest(mac, self._header_mac(header))
             valid = (
-                header.get("format") == _FORMAT
+                authentic
+                and header.get("format") == _FORMAT
                 and header.get("key") == key
                 and header.get("model_sha256") == hashlib.sha256(model_bytes).hexdigest()
             )
             entry = CachedGraph(model_bytes, _signature_from_json(header["signature"]), int(header["fx_node_count"]))
-        except (ValueError, KeyError, TypeError):
-            valid = False
+        except (ValueError, KeyError, TypeError, AttributeError):
+            authentic = valid = False
         if not valid:
-            logger.warning("aot2onnx: ignoring the cache entry %s: it does not verify", path)
+            why = "" if authentic else " (its HMAC does not match: written by someone else, altered or truncated)"
+            logger.warning("aot2onnx: ignoring the cache entry %s: it does not verify%s", path, why)
             return None
         return entry
 
@@ -210,12 +639,17 @@ class GraphCache:
         """A small JSON entry (e.g. the list of lowerable ops), or ``None``."""
         try:
             data = json.loads(self._path(key).with_suffix(".json").read_text())
-        except (OSError, ValueError):
-            return None
-        return data.get("value") if isinstance(data, dict) and data.get("key") == key else None
+            mac = data.pop("hmac")
+            if data.get("key") == key and hmac.compare_digest(mac, self._header_mac(data)):
+                return data.get("value")
+        except (OSError, ValueError, AttributeError, KeyError, TypeError):
+            pass
+        return None
 
     def store_json(self, key: str, value: Any) -> None:
-        self._write(self._path(key).with_suffix(".json"), json.dumps({"key": key, "value": value}).encode())
+        data = {"key": key, "value": value}
+        data["hmac"] = self._header_mac(data)
+        self._write(self._path(key).with_suffix(".json"), json.dumps(data).encode())
 
     def store(self, key: str, model_bytes: bytes, signature: GraphSignature, fx_node_count: int) -> bool:
         signature_json = _signature_to_json(signature)
@@ -228,6 +662,7 @@ class GraphCache:
             "fx_node_count": fx_node_count,
             "signature": signature_json,
         }
+        header["hmac"] = self._header_mac(header)
         return self._write(self._path(key), json.dumps(header, sort_keys=True).encode() + b"\n" + model_bytes)
 
     def _write(self, path: pathlib.Path, data: bytes) -> bool:

@@ -6,7 +6,11 @@ import contextlib
 import contextvars
 import enum
 import functools
+import hashlib
+import logging
 import os
+import pathlib
+import pickle
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -31,7 +35,11 @@ from torch._functorch.partitioners import default_partition, min_cut_remateriali
 from torch._inductor.output_code import OutputCode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from aot2onnx.cache import Authenticator
+
 __all__ = ["GraphKind", "ReloadableGraph", "capture"]
+
+logger = logging.getLogger("aot2onnx")
 
 PARTITIONERS = {"min_cut": min_cut_rematerialization_partition, "default": default_partition}
 
@@ -102,6 +110,7 @@ def capture(
     partitioner: str = "min_cut",
     load_graph: GraphLoader | None = None,
     cache_dir: str | os.PathLike | None = None,
+    authenticator: Authenticator | None = None,
 ) -> Callable:
     """Runs AOTAutograd on a Dynamo graph; ``compile_graph`` receives each graph it produces.
 
@@ -114,7 +123,9 @@ def capture(
     and partitioning, and ``load_graph`` makes each graph's callable from the key ``compile_graph``
     returned with it. AOTAutogradCache keys an entry by the Dynamo graph, the inputs' metadata and
     torch's configuration, not by what our compilers do: ``cache_dir`` must be specific to everything
-    else that decides the graphs (aot2onnx's options, source and versions).
+    else that decides the graphs (aot2onnx's options, source and versions). Its entries are pickles:
+    ``authenticator`` seals each one written and opens each one read, and an entry that does not
+    authenticate is never unpickled.
     """
     start = time.perf_counter()
 
@@ -131,6 +142,8 @@ def capture(
         return reloadable
 
     cached = cache_dir is not None and load_graph is not None
+    if cached and authenticator is None:
+        raise ValueError("AOTAutograd's cache holds pickles: it needs an authenticator")
     if cached:
         compilers = {
             kind: SerializableAOTDispatchCompiler(ReloadableGraph, functools.partial(compiler, kind))
@@ -152,7 +165,7 @@ def capture(
     with (
         sdpa_kernel(SDPBackend.MATH),
         torch._functorch.config.patch(cse=False, recompute_views=True),
-        _aot_autograd_cache(cache_dir, load_graph) if cached else contextlib.nullcontext(),
+        _aot_autograd_cache(cache_dir, load_graph, authenticator) if cached else contextlib.nullcontext(),
     ):
         return aot_module_simplified(
             gm,
@@ -214,7 +227,9 @@ def _check_builtin_op(node: torch.fx.Node) -> None:
 
 
 @contextlib.contextmanager
-def _aot_autograd_cache(directory: str | os.PathLike, load_graph: GraphLoader) -> Iterator[None]:
+def _aot_autograd_cache(
+    directory: str | os.PathLike, load_graph: GraphLoader, authenticator: Authenticator
+) -> Iterator[None]:
     """AOTAutogradCache for one ``aot_module_simplified`` call, in ``directory``, holding whole entries.
 
     - Bundled entries: the compiled graphs are pickled into the entry (as ReloadableGraph keys), rather
@@ -225,19 +240,96 @@ def _aot_autograd_cache(directory: str | os.PathLike, load_graph: GraphLoader) -
     - The entries go under ``directory`` instead of torch's cache directory: AOTAutograd's key does not
       cover our options or our source, so the directory does.
     - The key leaves out inductor's configuration and source (see ``_CacheKeyDetails``).
+    - Entries are authenticated: each is written sealed with an HMAC over the pickle, its key and this
+      directory's name, and read back only if the HMAC matches, before anything is unpickled (see
+      ``_AuthenticatedEntries``). The remote cache (fbcode's) is off: nothing would authenticate its entries.
 
     The patches are process-wide while the block runs. Dynamo compiles under its global compile lock, so
     no other torch.compile capture (ours or inductor's) runs meanwhile.
     """
+    entries = _AuthenticatedEntries(directory, authenticator)
     token = _LOADER.set(load_graph)
     try:
         with (
             torch._functorch.config.patch(
-                enable_autograd_cache=True, bundled_autograd_cache=True, force_non_lazy_backward_lowering=True
+                enable_autograd_cache=True,
+                enable_remote_autograd_cache=False,
+                bundled_autograd_cache=True,
+                force_non_lazy_backward_lowering=True,
             ),
             mock.patch.object(AOTAutogradCache, "_get_tmp_dir", classmethod(lambda cls: os.fspath(directory))),
             mock.patch.object(autograd_cache, "autograd_cache_key", _cache_key),
+            entries.patched(),
         ):
             yield
     finally:
         _LOADER.reset(token)
+
+
+class _AuthenticatedEntries:
+    """AOTAutogradCache's local reads and writes, with every entry sealed by an HMAC.
+
+    torch writes an entry in ``_write_to_local_cache`` and reads entries in ``iterate_over_candidates``
+    (``GuardedCache``'s, which ``_lookup`` reaches through ``find_guarded_entry``), where it unpickles every
+    file under the key's directory. These replace both: a file is unpickled only if it opens with the
+    authenticator, under the key and directory it was written for; one that does not is a miss, with a
+    warning.
+    """
+
+    def __init__(self, directory: str | os.PathLike, authenticator: Authenticator) -> None:
+        self.directory = os.fspath(directory)
+        self.authenticator = authenticator
+        self._label = os.fsencode(pathlib.Path(directory).name)
+
+    def _names(self, key: str) -> tuple[bytes, ...]:
+        return b"aot", self._label, key.encode()
+
+    def write(self, key: str, content: bytes) -> None:
+        subdir = os.path.join(self.directory, key)
+        os.makedirs(subdir, exist_ok=True)
+        # Named after the pickle's digest, as torch names its entries; written atomically by torch's helper.
+        path = os.path.join(subdir, hashlib.sha256(content).hexdigest())
+        autograd_cache.write_atomic(path, self.authenticator.seal(content, *self._names(key)))
+
+    def candidates(self, local: bool, remote_cache: Any, key: str) -> Iterator[tuple[Any, bytes, bool]]:
+        if not local:
+            return
+        subdir = os.path.join(self.directory, key)
+        try:
+            names = sorted(os.listdir(subdir))
+        except OSError:
+            return
+        for name in names:
+            if name.startswith("."):  # write_atomic's temporary files
+                continue
+            path = os.path.join(subdir, name)
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            content = self.authenticator.open(data, *self._names(key))
+            if content is None:
+                logger.warning(
+                    "aot2onnx: ignoring AOTAutograd's cache entry %s: it does not authenticate (written by "
+                    "someone else, altered, or from before entries were authenticated); not unpickled",
+                    path,
+                )
+                continue
+            try:
+                entry = pickle.loads(content)
+            except Exception:  # torch's own reader logs and skips an entry that does not unpickle
+                logger.warning("aot2onnx: AOTAutograd's cache entry %s does not unpickle", path, exc_info=True)
+                continue
+            yield entry, content, True
+
+    @contextlib.contextmanager
+    def patched(self) -> Iterator[None]:
+        def candidates(cls: type, local: bool, remote_cache: Any, key: str) -> Iterator[tuple[Any, bytes, bool]]:
+            return self.candidates(local, remote_cache, key)
+
+        with (
+            mock.patch.object(AOTAutogradCache, "_write_to_local_cache", staticmethod(self.write)),
+            mock.patch.object(AOTAutogradCache, "iterate_over_candidates", classmethod(candidates)),
+        ):
+            yield
