@@ -1,25 +1,30 @@
 # Two entry points from a fresh clone: `make demo` and `make test`. Both create the virtual environment,
 # install torch==2.13.0 first (the CPU wheel; an unpinned torch would pull several GB of CUDA wheels),
-# then this package with its test extra.
+# then exactly the versions in requirements.lock, then this package without resolving anything more.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.aot2onnx-installed
+PIP_VERSION := 26.3
+TORCH := torch==2.13.0
+LATEST := .venv-latest
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo test test-slow lint bench clean check-latest lock
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q pip==$(PIP_VERSION)
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip check
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/train_transformer_lm.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check aot2onnx tests examples
+	$(PY) -m ruff check aot2onnx tests examples scripts
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q
@@ -38,5 +43,26 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(PY) -m aot2onnx bench --out BENCHMARKS.md --chart docs/benchmarks.png $(BENCH_ARGS)
 
+# The newest releases of every dependency (torch stays at its pin) in a throwaway environment, and the
+# default suite there: finds the next breaking release before users do. `make lock` then moves the lock.
+check-latest:
+	rm -rf $(LATEST)
+	$(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q --upgrade pip
+	$(LATEST)/bin/python -m pip install -q $(TORCH)
+	$(LATEST)/bin/python -m pip install -q --upgrade $$($(PYTHON) scripts/lock.py names) $(TORCH)
+	$(LATEST)/bin/python -m pip install -q --no-deps -e .
+	$(LATEST)/bin/python -m pip check
+	@$(LATEST)/bin/python scripts/lock.py freeze $(LATEST)/bin/python > $(LATEST)/requirements.lock
+	@echo "newest releases against requirements.lock:"; diff requirements.lock $(LATEST)/requirements.lock || true
+	$(LATEST)/bin/python -m ruff check aot2onnx tests examples scripts
+	$(LATEST)/bin/python -m pytest -q -p no:cacheprovider
+	touch $(LATEST)/.passed
+
+lock:
+	@test -f $(LATEST)/.passed || { echo "run 'make check-latest' first: the lock moves only to releases the suite passed on"; exit 1; }
+	cp $(LATEST)/requirements.lock requirements.lock
+	@echo "requirements.lock moved; raise the upper bounds in pyproject.toml to these versions:"; cat requirements.lock
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LATEST) build *.egg-info

@@ -33,6 +33,7 @@ from aot2onnx.fallback import FallbackGraph, split_unsupported, unsupported_targ
 from aot2onnx.lower.registry import default_registry, user_rules
 from aot2onnx.lower.seeds import reseed
 from aot2onnx.options import Options
+from aot2onnx.runtime.kernels import require_runnable
 from aot2onnx.runtime.session import OrtGraph
 from aot2onnx.signature import LoweredGraph
 
@@ -224,6 +225,7 @@ def _compile_graph(
             onnx.checker.check_model(lowered.model)
         except onnx.checker.ValidationError as e:
             raise LoweringError(f"the lowered model of graph {name!r} fails onnx.checker: {e}") from e
+    require_runnable(lowered.model, options.opset, name)
     stored = (
         cache is not None
         and _storable(graph, name)
@@ -283,6 +285,7 @@ def _start_session(
         name, lowered.fx_node_count, lowered.onnx_node_count, capture_s, lower_s, how, session_s,
     )
     return runner
+
 
 # ---------------------------------------------------------------------------------------------------------
 # PyTorch's own error for a graph that ONNX Runtime (or a lowering rule) refused

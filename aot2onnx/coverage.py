@@ -30,7 +30,6 @@ __all__ = [
     "SampleRecord",
     "core_aten_ops",
     "main",
-    "newest_ort_opset",
     "opinfo_name",
     "render_tables",
     "target_opsets",
@@ -74,29 +73,13 @@ def opinfo_name(name: str, variant: str = "") -> str:
     return f"{name}.{variant}" if variant else name
 
 
-def newest_ort_opset() -> int:
-    """The newest ONNX opset the installed ONNX Runtime loads a model for (probed with a one-node model)."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
-
-    for opset in range(onnx.defs.onnx_opset_version(), _BASE_OPSET, -1):
-        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
-        graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-        try:
-            ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        except Exception:  # ORT rejects opsets newer than it knows ("ValidateOpsetForDomain")
-            continue
-        return opset
-    return _BASE_OPSET
-
-
 @functools.cache
 def target_opsets() -> tuple[int, ...]:
-    """The opsets the tables cover: 18 (what aot2onnx lowers at) and the newest ONNX Runtime supports."""
-    return tuple(sorted({_BASE_OPSET, newest_ort_opset()}))
+    """The opsets the tables cover: 18 (what aot2onnx lowers at) and the newest the installed ONNX Runtime
+    runs (probed per op, see ``aot2onnx.runtime.kernels``)."""
+    from aot2onnx.runtime.kernels import newest_runnable_opset
+
+    return tuple(sorted({_BASE_OPSET, newest_runnable_opset()}))
 
 
 @functools.cache

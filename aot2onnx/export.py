@@ -49,6 +49,7 @@ from aot2onnx.lower.registry import default_registry
 from aot2onnx.lower.translate import lower_graph
 from aot2onnx.optim import SGD, AdamW, Optimizer, ParamInfo, grad_name, updated_name
 from aot2onnx.options import DEFAULT_OPSET
+from aot2onnx.runtime.kernels import check_target_opset, require_runnable
 from aot2onnx.signature import InputKind, LoweredGraph, OutputKind
 
 __all__ = ["TrainingArtifact", "export_training", "main"]
@@ -267,6 +268,7 @@ def _capture(
         nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
         with progress.stage(f"lowering the {kind} graph ({nodes} FX nodes)"):
             captured.lowered = lower_graph(gm, name=f"{type(module).__name__}_{kind}", opset=opset, registry=registry)
+            require_runnable(captured.lowered.model, opset, f"{type(module).__name__}_{kind}")
 
         def never_called(args: list[Any]) -> list[Any]:
             raise AssertionError("export_training does not run the graphs it captures")
@@ -697,8 +699,7 @@ def export_training(
         raise TypeError("example_inputs must be tensors")
     example_inputs = tuple(x.detach() for x in example_inputs)
     opset = DEFAULT_OPSET if opset is None else int(opset)
-    if opset < DEFAULT_OPSET:
-        raise ValueError(f"opset must be >= {DEFAULT_OPSET}, got {opset}")
+    check_target_opset(opset)
     out_dir = pathlib.Path(out_dir)
     live = progress is not None and getattr(progress, "__self__", None) is not None and _isatty(progress.__self__)
     report = _Progress(6 if optimizer is not None else 5, progress, live=live)

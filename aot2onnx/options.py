@@ -12,8 +12,8 @@ __all__ = ["Options", "GRAPH_OPTIMIZATION_LEVELS", "PARTITIONERS"]
 GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "layout", "all")
 PARTITIONERS = ("min_cut", "default")
 
-# The newest opset torch_lib's rules are written against; a higher target is reached with the version
-# converter after lowering.
+# The opset torch_lib's rules are written against; a higher target is reached with the version converter
+# after lowering.
 DEFAULT_OPSET = 18
 
 
@@ -24,7 +24,8 @@ class Options:
     Attributes:
         providers: ONNX Runtime execution providers, in priority order. ``None`` picks them from the
             inputs' device: ``CPUExecutionProvider`` for CPU tensors, ``CUDAExecutionProvider`` for CUDA.
-        opset: The ONNX opset the models target (18 or newer).
+        opset: The ONNX opset the models target: 18 (the default), or a newer one at which the installed
+            ONNX Runtime runs every op it runs at 18 (``aot2onnx.runtime.kernels.newest_runnable_opset``).
         intra_op_num_threads: ONNX Runtime's intra-op thread count; 0 means ``torch.get_num_threads()``,
             so ONNX Runtime and torch share the same cores the same way.
         inter_op_num_threads: ONNX Runtime's inter-op thread count.
@@ -61,8 +62,10 @@ class Options:
             if isinstance(self.providers, str) or not isinstance(self.providers, Sequence):
                 raise TypeError(f"providers must be a sequence of provider names, got {self.providers!r}")
             object.__setattr__(self, "providers", tuple(self.providers))
-        if self.opset < DEFAULT_OPSET:
-            raise ValueError(f"opset must be >= {DEFAULT_OPSET}, got {self.opset}")
+        if self.opset != DEFAULT_OPSET:
+            from aot2onnx.runtime.kernels import check_target_opset
+
+            check_target_opset(self.opset)  # one the installed ONNX Runtime runs every kernel of
         if self.graph_optimization_level not in GRAPH_OPTIMIZATION_LEVELS:
             raise ValueError(
                 f"graph_optimization_level must be one of {GRAPH_OPTIMIZATION_LEVELS}, "

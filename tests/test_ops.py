@@ -281,8 +281,9 @@ def test_symbolic_sizes():
 
 
 @pytest.mark.parametrize("case", CONV_CASES[:3], ids=lambda c: f"in{c[0]}_w{c[1]}_s{c[2]}")
-def test_conv2d_weight_grad_without_unfolding(case, monkeypatch):
+def test_conv2d_weight_grad_without_unfolding(case, monkeypatch, cache_off):
     # Where the unfolded input would be too large, the weight gradient is a grouped convolution instead.
+    # The cache is off: the limit is patched below, and a graph lowered under the real limit would be served.
     from aot2onnx.lower.ops import conv
 
     monkeypatch.setattr(conv, "_UNFOLD_LIMIT", 0)
