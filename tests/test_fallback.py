@@ -137,3 +137,15 @@ def test_user_lowerings_for_a_custom_op_and_its_backward_train():
                            backend=aot2onnx.backend(fallback=False))
     assert sorted(g.kind for g in report.graphs) == ["backward", "forward"]
     assert all(g.runs >= 10 for g in report.graphs)
+
+
+def test_complex_tensors_fall_back_and_match_eager():
+    # The fallback's answer to "can this node be lowered" is lowering's (dispatch): complex sin has no rule,
+    # and complex values never cross a partition boundary (ONNX has no complex type).
+    def f(x, y):
+        return (torch.sin(x) * 2).abs() + y.exp()
+
+    x, y = torch.randn(4, dtype=torch.complex64), torch.randn(4)
+    with pytest.warns(UserWarning, match="aten.sin.default"):
+        out = torch.compile(f, backend="aot2onnx")(x, y)
+    torch.testing.assert_close(out, f(x, y))
