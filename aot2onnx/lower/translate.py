@@ -15,9 +15,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
 import onnxscript
 import torch
 import torch.fx
+from onnxscript import rewriter
+from onnxscript.optimizer import _constant_folding
+from onnxscript.rewriter.rules import common as rules
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.onnx._internal.exporter import _building, _core, _fx_passes, _ir_passes, _tensors
 
@@ -34,7 +38,15 @@ from aot2onnx.signature import (
     OutputSpec,
 )
 
-__all__ = ["LoweredGraph", "RANDOM_OPS", "lower_graph", "seed_random_ops", "unsupported_nodes", "user_source_line"]
+__all__ = [
+    "LoweredGraph",
+    "RANDOM_OPS",
+    "lower_graph",
+    "optimize_exactly",
+    "seed_random_ops",
+    "unsupported_nodes",
+    "user_source_line",
+]
 
 logger = logging.getLogger("aot2onnx")
 
@@ -284,11 +296,165 @@ def lower_graph(
     # which refuses them when the optimizer or the serializer reads their data.
     with unset_fake_temporarily():
         if optimize:
-            onnxscript.optimizer.optimize_ir(model)
+            optimize_exactly(model)
         if opset != 18:
+            # Exact too: onnxscript's converter rewrites only the ops whose signature changed (DFT's axis
+            # becomes an input, GridSample's mode names, GroupNormalization's per-group scale repeated per
+            # channel) and otherwise changes version numbers; its fallback, ONNX's C++ converter, is for
+            # opsets past onnxscript's (25), beyond what Options admits.
             onnxscript.version_converter.convert_version(model, opset, fallback=True)
         proto = ir.serde.serialize_model(model)
     return LoweredGraph(proto, GraphSignature(tuple(input_specs), tuple(output_specs)), fx_nodes, len(proto.graph.node))
+
+
+# ------------------------------------------------------------------------------------------ exact cleanup
+#
+# A lowered graph is cleaned up by passes that change how it is written, never a number it computes: a
+# backend may be slow or refuse, it may not answer differently from eager. onnxscript's optimize_ir does
+# not qualify. Its rewrite rules match constants within a tolerance (math.isclose, rel 1e-5, abs 1e-8), so
+# x + 1e-8, x - 1e-9 and x * 1.000005 became x (log(p + 1e-8) gave -inf at p = 0); Min/Max/Relu/Clip
+# chains become one Clip, which treats NaN and infinities differently; Cast(Cast(x, float32), float16)
+# drops the float32 rounding; a ScatterND whose constant indices cover its data became its updates
+# whatever its reduction (index_put(..., accumulate=True) returned the updates alone); Split replaces two
+# Slices with halves that differ from the Slices' for an odd size. ONNX Runtime folds and fuses the
+# arithmetic again with its own kernels when it creates the session, so what is left out here costs no
+# run time (the commit that wrote this list counted the nodes after ONNX Runtime's optimizer on the
+# benchmark's models).
+
+# Ops folded whatever their dtype: the result is the input's elements moved, copied or selected.
+_MOVES_DATA = frozenset({
+    "Concat", "Expand", "Flatten", "Gather", "GatherElements", "GatherND", "Identity", "Reshape", "Shape",
+    "Size", "Slice", "Squeeze", "Tile", "Transpose", "Trilu", "Unsqueeze", "Where",
+})
+# Ops folded on integers and booleans (shape arithmetic): integer results are exact in numpy, which the
+# folder runs, and in ONNX Runtime alike (ONNX's reference Div truncates in integer arithmetic, as C++ does).
+_INTEGER_EXACT = frozenset({
+    "Abs", "Add", "And", "Clip", "Div", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Max",
+    "Min", "Mul", "Neg", "Not", "Or", "Range", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSum", "Sign",
+    "Sub", "Xor",
+})
+# Ops folded on float32 and float64: one IEEE operation per element, correctly rounded by numpy and by
+# ONNX Runtime's kernels. Transcendental functions (each library has its own approximation), reductions
+# and matrix products (summation order) and everything in 16 bits are left to ONNX Runtime's own folding.
+_FLOAT_EXACT = frozenset({"Abs", "Add", "Div", "Mul", "Neg", "Sub"})
+_FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
+# Cast is exact where the target holds every source value or both sides round to nearest even; a float
+# cast to an integer is undefined for NaN and out-of-range values, and 8/16-bit floats are left to ORT.
+_CAST_TARGETS = frozenset({
+    ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.BOOL, ir.DataType.INT8, ir.DataType.INT16,
+    ir.DataType.INT32, ir.DataType.INT64, ir.DataType.UINT8, ir.DataType.UINT16, ir.DataType.UINT32,
+    ir.DataType.UINT64,
+})
+
+
+def _folds_exactly(node: ir.Node) -> bool | None:
+    """The constant folder's ``should_fold``: ``None`` (fold by its size limits) where the folded value is
+    the one ONNX Runtime would compute, ``False`` elsewhere."""
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    dtypes = {v.dtype for v in (*node.inputs, *node.outputs) if v is not None}
+    if node.op_type in _MOVES_DATA:
+        return None
+    if node.op_type == "Cast":
+        source, target = node.inputs[0].dtype, ir.DataType(node.attributes.get_int("to"))
+        float_to_integer = source is None or (source.is_floating_point() and not target.is_floating_point())
+        return None if target in _CAST_TARGETS and not float_to_integer else False
+    if all(dtype is not None and (dtype.is_integer() or dtype == ir.DataType.BOOL) for dtype in dtypes):
+        return None if node.op_type in _INTEGER_EXACT else False
+    if node.op_type in _FLOAT_EXACT and dtypes <= _FLOATS:
+        return None
+    return False
+
+
+# Rewrites that only restate data movement: each output holds the same elements, in the same order.
+_EXACT_REWRITE_RULES = rewriter.RewriteRuleSet([
+    rules.no_op_cast_rule,  # Cast to the input's own dtype
+    rules.no_op_expand_rule,  # Expand to the input's own shape
+    rules.no_op_transpose_rule,  # Transpose by the identity permutation
+    rules.transpose_transpose_rule,  # two Transposes as one (or none)
+    rules.reshape_reshape_rule,  # two Reshapes as one
+    rules.unsqueeze_unsqueeze_rule,  # two Unsqueezes as one
+    rules.squeeze_reshape_1d_rule,  # Reshape(Squeeze(x), [-1]) of a 1-D x is x
+    rules.flatten_to_reshape_rule,  # Flatten as the Reshape it is
+    rules.collapse_slice_rule,  # a Slice that keeps everything
+    rules.collapse_slice2_rule,
+    rules.materialize_reshape_shape_rule,  # a Reshape's computed shape as the constant it is
+])
+
+
+class _RemoveUnusedControlFlow(ir.passes.InPlacePass):
+    """Removes If and Loop nodes whose outputs nothing reads, with everything their subgraphs read.
+
+    RemoveUnusedNodesPass detaches a removed node's own inputs, not the values its subgraphs read from the
+    enclosing graph, which then still look used (a max pool's unread indices kept their slower kernel).
+    """
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        for graph in (model.graph, *model.functions.values()):
+            for node in reversed(list(graph)):
+                subgraphs = [g for attr in node.attributes.values()
+                             for g in ([attr.as_graph()] if attr.type == ir.AttributeType.GRAPH
+                                       else attr.as_graphs() if attr.type == ir.AttributeType.GRAPHS else [])]
+                if not subgraphs or any(v.uses() or v.is_graph_output() for v in node.outputs):
+                    continue
+                for inner in (n for g in subgraphs for n in ir.traversal.RecursiveGraphIterator(g)):
+                    inner.resize_inputs(0)
+                graph.remove(node, safe=True)
+                modified = True
+        return ir.passes.PassResult(model, modified)
+
+
+def optimize_exactly(model: ir.Model) -> None:
+    """Cleans up a lowered model in place with passes that never change a value it computes.
+
+    The passes, and why each is exact:
+
+    - inlining: a function call replaced by its body, the same nodes;
+    - constant folding restricted by :func:`_folds_exactly`, and the folder's own rules, which only
+      restate structure (Shape and Size of a static shape; Cast, CastLike, Reshape and Expand to what the
+      input already is; Dropout in inference or with ratio 0; Concat without empty operands; If on a
+      constant condition; Identity forwarding);
+    - :data:`_EXACT_REWRITE_RULES`, which restate data movement;
+    - removal of unused nodes (control flow with what its subgraphs read), functions and opset imports;
+    - Constant nodes lifted to initializers (the same tensor), initializers deduplicated by dtype, shape
+      and bytes;
+    - common subexpression elimination: nodes of the same op, inputs and attributes compute the same value
+      (random ops are not merged: each has its own seed, see :func:`seed_random_ops`);
+    - output and name fixes: names only.
+    """
+    fold = _constant_folding.FoldConstantsPass(
+        shape_inference=True,
+        input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
+        output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
+        should_fold=_folds_exactly,
+    )
+    passes = ir.passes.Sequential(
+        common_passes.InlinePass(),
+        ir.passes.PassManager(
+            [
+                # Before the rewrite rules too: a rule that leaves its matched nodes behind
+                # (squeeze_reshape_1d) makes the rewriter sweep unused nodes itself.
+                _RemoveUnusedControlFlow(),
+                fold,
+                rewriter.RewritePass(_EXACT_REWRITE_RULES),
+                _RemoveUnusedControlFlow(),
+                common_passes.RemoveUnusedNodesPass(),
+                common_passes.RemoveUnusedFunctionsPass(),
+                common_passes.RemoveUnusedOpsetsPass(),
+            ],
+            steps=2,
+            early_stop=True,
+        ),
+        common_passes.RemoveUnusedNodesPass(),
+        common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+        common_passes.LiftSubgraphInitializersToMainGraphPass(),
+        common_passes.DeduplicateInitializersPass(),
+        common_passes.CommonSubexpressionEliminationPass(),
+        common_passes.OutputFixPass(),
+        common_passes.NameFixPass(),
+    )
+    passes(model)
 
 
 def seed_random_ops(model: ir.Model) -> None:

@@ -1,4 +1,4 @@
-"""ONNX control flow for rules: a Loop whose body is traced like a rule's own nodes."""
+"""ONNX control flow for rules: a Loop, and an If, whose bodies are traced like a rule's own nodes."""
 
 from __future__ import annotations
 
@@ -10,9 +10,43 @@ import onnxscript
 from onnxscript import opset18 as op
 from torch.onnx._internal.exporter import _building
 
-__all__ = ["loop"]
+__all__ = ["cond", "loop"]
 
 _bodies = itertools.count()
+
+
+def _trace(body: Callable[[], Sequence[ir.Value]], prefix: str) -> ir.Graph:
+    """The graph of the values ``body()`` returns, with no inputs of its own: it reads the enclosing graph's."""
+    recorder = _building.OpRecorder(onnxscript.evaluator.default().opset, {})
+    with onnxscript.evaluator.default_as(recorder):
+        results = body()
+        outputs = [op.Identity(v) for v in results]
+    for output, value in zip(outputs, results):
+        if value.dtype is None:
+            raise ValueError(f"{prefix} returns {value.name or 'a value'} without a dtype; set its dtype")
+        output.dtype = value.dtype
+    # Names must be unique across the model and its subgraphs (SSA); see loop().
+    for i, value in enumerate(v for node in recorder.nodes for v in node.outputs):
+        value.name = f"{prefix}_{i}"
+    return ir.Graph([], outputs, nodes=recorder.nodes, name=prefix)
+
+
+def cond(condition: ir.Value, then_branch: Callable[[], Sequence[ir.Value]],
+         else_branch: Callable[[], Sequence[ir.Value]]) -> list[ir.Value]:
+    """``then_branch()`` where the boolean scalar ``condition`` holds, else ``else_branch()``, as one If.
+
+    Only the branch taken runs, so a rare case can cost nothing when it does not occur. Each branch builds
+    its nodes like a rule and may read values of the enclosing graph; both return as many values, of the
+    same dtypes, each with its dtype set.
+    """
+    prefix = f"if{next(_bodies)}"
+    then_graph, else_graph = _trace(then_branch, f"{prefix}_then"), _trace(else_branch, f"{prefix}_else")
+    node = ir.node("If", [condition], attributes={"then_branch": then_graph, "else_branch": else_graph},
+                   num_outputs=len(then_graph.outputs))
+    onnxscript.evaluator.default().nodes.append(node)
+    for result, value in zip(node.outputs, then_graph.outputs):
+        result.dtype = value.dtype
+    return list(node.outputs)
 
 
 def loop(trip_count: int | ir.Value, carried: Sequence[ir.Value], body: Callable, *, iteration: bool = False) -> list[ir.Value]:

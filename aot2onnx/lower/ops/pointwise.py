@@ -1,13 +1,16 @@
-"""Elementwise prims that PyTorch's decompositions produce and torch_lib does not lower."""
+"""Elementwise prims that PyTorch's decompositions produce and torch_lib does not lower, and elementwise ops
+whose torch_lib rule answers differently from ATen (sign and clamp with NaN, hardtanh's gradient at its bounds)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
+from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
 from aot2onnx.lower.registry import project_rule
 
@@ -34,6 +37,73 @@ def prims_fmax(self, other):
 def prims_fmin(self, other):
     """fmin(Tensor self, Tensor other) -> Tensor"""
     return _nan_ignoring(op.Min, self, other)
+
+
+@project_rule(aten.sign.default)
+def aten_sign(self):
+    """sign(Tensor self) -> Tensor"""
+    if self.dtype == ir.DataType.BOOL:
+        return op.Identity(self)
+    # ATen's sign is (0 < x) - (x < 0): 0 for NaN (ONNX's Sign gives NaN) and +0 for -0.
+    zero = op.CastLike(0, self)
+    return op.Sub(op.CastLike(op.Less(zero, self), self), op.CastLike(op.Less(self, zero), self))
+
+
+def _clamp(self, low, high):
+    # ONNX Runtime's Clip stands in the dtype's largest finite value for a missing bound, and so clips inf to
+    # it (clamp(min=0) of inf gave 3.4e38): one bound is Max or Min, which propagate NaN, from x and from
+    # the bound alike, as ATen does.
+    if low is not None:
+        self = op.Max(self, op.CastLike(low, self))
+    if high is not None:
+        self = op.Min(self, op.CastLike(high, self))
+    return self
+
+
+@project_rule(aten.clamp.default)
+def aten_clamp(self, min=None, max=None):
+    """clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor"""
+    if any(isinstance(bound, float) and math.isnan(bound) for bound in (min, max)):
+        # Every element is NaN in ATen; ONNX Runtime's float32 Clip ignores a NaN bound.
+        return op.Expand(op.CastLike(float("nan"), self), op.Shape(self))
+    if min is not None and max is not None:
+        return torchlib_core.aten_clamp(self, min, max)  # Clip, given both bounds, is exact in one pass
+    return _clamp(self, min, max)
+
+
+@project_rule(aten.clamp_min.default)
+def aten_clamp_min(self, min):
+    """clamp_min(Tensor self, Scalar min) -> Tensor"""
+    return _clamp(self, min, None)
+
+
+@project_rule(aten.clamp_min.Tensor)
+def aten_clamp_min_tensor(self, min):
+    """clamp_min.Tensor(Tensor self, Tensor min) -> Tensor"""
+    return _clamp(self, min, None)
+
+
+@project_rule(aten.clamp_max.default)
+def aten_clamp_max(self, max):
+    """clamp_max(Tensor self, Scalar max) -> Tensor"""
+    return _clamp(self, None, max)
+
+
+@project_rule(aten.clamp_max.Tensor)
+def aten_clamp_max_tensor(self, max):
+    """clamp_max.Tensor(Tensor self, Tensor max) -> Tensor"""
+    return _clamp(self, None, max)
+
+
+@project_rule(aten.hardtanh_backward.default)
+def aten_hardtanh_backward(grad_output, self, min_val, max_val):
+    """hardtanh_backward(Tensor grad_output, Tensor self, Scalar min_val, Scalar max_val) -> Tensor"""
+    # ATen passes the gradient only strictly inside (min_val, max_val) (and at NaN): zero at the bounds,
+    # where relu6's input is 0. torch_lib's rule passes it at the bounds and multiplies by a 0/1 mask, which
+    # makes an infinite gradient NaN where it should be 0 (and a float32 mask fails float64).
+    clipped = op.Or(op.LessOrEqual(self, op.CastLike(min_val, self)),
+                    op.GreaterOrEqual(self, op.CastLike(max_val, self)))
+    return op.Where(clipped, op.CastLike(0, grad_output), grad_output)
 
 
 @project_rule(prims.hypot.default)

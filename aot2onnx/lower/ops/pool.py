@@ -10,9 +10,12 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
 
+from aot2onnx.lower.ops._control import cond
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
+
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
 def _planes(x, spatial: int):
@@ -41,17 +44,84 @@ def _plane_offsets(x, spatial: int):
     return op.Reshape(starts, op.Concat(op.Shape(x, end=2), op.Constant(value_ints=[1] * spatial), axis=0))
 
 
+def _nan_windows(x, pool):
+    """For each window of x (N, C, *spatial): whether it holds a NaN, and 1 + the position within its plane of
+    its last NaN (0 where it holds none). Positions are pooled as float64, exact up to 2**53."""
+    plane = op.Shape(x, start=2)
+    one, zero = op.Constant(value=ir.tensor(np.array(1.0))), op.Constant(value=ir.tensor(np.array(0.0)))
+    positions = op.Range(one, op.Add(op.Cast(op.ReduceProd(plane, keepdims=0), to=ir.DataType.DOUBLE), one), one)
+    last = pool(op.Where(op.IsNaN(x), op.Reshape(positions, plane), zero))[0]
+    return op.Greater(last, zero), last
+
+
+def _ceil_as_padding(sizes, kernel, strides, pads, dilations) -> list[int] | None:
+    """ONNX pads (begins, then ends) whose floor-mode windows are ATen's ceil-mode ones, or None.
+
+    ATen's ceil mode drops a last window that would start in the end padding. ONNX Runtime's MaxPool does
+    too, but ONNX's shape inference keeps it, and the shape it declares for a value that leaves an If branch
+    is the one ONNX Runtime allocates (the run then fails). Padding the end instead gives the same windows
+    and a shape every tool agrees on. None where a size is not static, or a pad would reach its kernel's
+    size, which ONNX Runtime refuses.
+    """
+    n = len(kernel)
+    ends = list(pads[n:])
+    for i, size in enumerate(sizes):
+        if not isinstance(size, int):
+            return None
+        k, s, d, begin = kernel[i], strides[i], dilations[i], pads[i]
+        out = -(-(size + begin + ends[i] - d * (k - 1) - 1) // s) + 1
+        if (out - 1) * s >= size + begin:
+            out -= 1
+        ends[i] = max(ends[i], (out - 1) * s + d * (k - 1) + 1 - size - begin)
+        if ends[i] >= k:
+            return None
+    return [*pads[:n], *ends]
+
+
+def _typed(value, dtype: ir.DataType):
+    value.dtype = dtype
+    return value
+
+
 def _max_pool_with_indices(self, spatial: int, kernel_size, stride, padding, dilation, ceil_mode: bool):
     # ONNX's MaxPool numbers positions over the whole (N, C, *spatial) tensor, torch within each (n, c)
     # plane: subtract where each plane starts. (torch_lib runs a second MaxPool over the whole input to
-    # find those starts, which costs as much as the pooling itself.) Ties pick the first position in
-    # both, and a NaN wins its window in both.
+    # find those starts, which costs as much as the pooling itself.) Ties pick the first position in both.
     kernel, strides, pads, dilations = _max_pool_attributes(spatial, kernel_size, stride, padding, dilation)
+    if ceil_mode and (floor_pads := _ceil_as_padding(self.shape[-spatial:], kernel, strides, pads, dilations)):
+        pads, ceil_mode = floor_pads, False
     unbatched = len(self.shape) == spatial + 1
     x = op.Unsqueeze(self, op.Constant(value_ints=[0])) if unbatched else self
-    values, flat = op.MaxPool(x, ceil_mode=ceil_mode, dilations=dilations, kernel_shape=kernel, pads=pads,
-                              strides=strides)
-    indices = op.Sub(flat, _plane_offsets(x, spatial))
+
+    def pool(v):
+        return op.MaxPool(v, ceil_mode=ceil_mode, dilations=dilations, kernel_shape=kernel, pads=pads,
+                          strides=strides)
+
+    values, flat = pool(x)
+    values = _typed(values, self.dtype)
+    indices = _typed(op.Sub(flat, _plane_offsets(x, spatial)), ir.DataType.INT64)
+    if self.dtype in _FLOATS:
+        # ATen's window of a NaN is NaN, at its last NaN's position. ONNX Runtime's MaxPool lets a NaN win
+        # only from some positions in a window (and its kernel without indices, used where the indices go
+        # unread, from others). Windows are looked at again only where x holds a NaN, which makes its sum
+        # NaN (as do +inf and -inf together, which only costs the slower branch): one ReduceSum otherwise.
+        # Values and indices are mended apart, so that unread indices leave the fast MaxPool.
+        any_nan = op.IsNaN(op.ReduceSum(x, keepdims=0))
+
+        def nan_values():
+            nan, _ = _nan_windows(x, pool)
+            return [_typed(op.Where(nan, op.CastLike(float("nan"), values), values), self.dtype)]
+
+        def nan_indices():
+            nan, last = _nan_windows(x, pool)
+            position = op.Sub(op.Cast(last, to=ir.DataType.INT64), op.Constant(value_int=1))
+            return [_typed(op.Where(nan, position, indices), ir.DataType.INT64)]
+
+        if ceil_mode:  # an If branch would return a shape ONNX declares wrong: see _ceil_as_padding
+            values, indices = nan_values()[0], nan_indices()[0]
+        else:
+            values = cond(any_nan, nan_values, lambda: [values])[0]
+            indices = cond(any_nan, nan_indices, lambda: [indices])[0]
     if unbatched:
         axis = op.Constant(value_ints=[0])
         return op.Squeeze(values, axis), op.Squeeze(indices, axis)
@@ -74,7 +144,7 @@ def aten_max_pool3d_with_indices(self, kernel_size, stride=(), padding=(0, 0, 0)
 def _max_pool_backward(grad_output, self, indices, spatial: int, kernel_size, stride, padding, dilation):
     kernel, strides, _, dilations = _max_pool_attributes(spatial, kernel_size, stride, padding, dilation)
     overlapping = any(s < d * (k - 1) + 1 for k, s, d in zip(kernel, strides, dilations))
-    if overlapping:
+    if overlapping or grad_output.dtype != ir.DataType.FLOAT:  # ONNX Runtime's MaxUnpool is float32 only
         return _scatter_add_to_planes(grad_output, self, indices, spatial)
     # Windows that do not overlap pick each position at most once, so MaxUnpool places the gradient
     # (about three times faster than the scatter-add); it takes positions over the whole tensor.

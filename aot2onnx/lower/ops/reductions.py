@@ -1,4 +1,4 @@
-"""Reductions and scans torch_lib does not lower (or lowers only in part): amax/amin over all dims,
+"""Reductions and scans torch_lib does not lower (or lowers only in part): amax/amin and max/min with NaN,
 median, nanmedian, mode, kthvalue, cummax/cummin, cumprod, prod as a prim; and sums over leading axes
 as a matrix product (bias gradients), which ONNX Runtime runs faster than its ReduceSum.
 
@@ -144,6 +144,18 @@ def aten_amax(self, dim: Sequence[int] = (), keepdim: bool = False):
 def aten_amin(self, dim: Sequence[int] = (), keepdim: bool = False):
     """amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"""
     return _extremum(op.ReduceMin, self, dim, keepdim)
+
+
+@project_rule(aten.max.default)
+def aten_max(self):
+    """max(Tensor self) -> Tensor"""
+    return _extremum(op.ReduceMax, self, (), False)
+
+
+@project_rule(aten.min.default)
+def aten_min(self):
+    """min(Tensor self) -> Tensor"""
+    return _extremum(op.ReduceMin, self, (), False)
 
 
 @project_rule(prims.prod.default)
