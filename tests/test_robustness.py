@@ -304,15 +304,6 @@ def test_a_graph_pytorch_accepts_keeps_the_onnx_runtime_error():
 # ---------------------------------------------------------------------------------------------------------
 # (d) Empty batches with gradients
 
-_REDUCTIONS_PY = (
-    "aten_sum_dim_intlist in aot2onnx/lower/ops/reductions.py reshapes to [rows, -1] with rows = 0 "
-    "(ONNX refuses -1 beside a 0 target size) and without allowzero=1"
-)
-_CONV_PY = (
-    "_grad_weight_as_conv in aot2onnx/lower/ops/conv.py reshapes to [N, groups, -1, ...] with N = 0, and "
-    "without allowzero=1"
-)
-_MEAN = "a mean over an empty tensor is 0 on ONNX Runtime (torch_lib's ReduceMean) and nan in PyTorch"
 _MSE = (
     "torch's mse_loss_backward decomposition computes 2.0 / input.numel(): ZeroDivisionError at capture "
     "(torch/_decomp/decompositions.py)"
@@ -320,7 +311,6 @@ _MSE = (
 # The backward graph's session fails when the graph compiles: inside Dynamo's compile where AOTAutograd compiles
 # the backward with the forward, at the first backward() where it compiles it then.
 _COMPILE_FAILS = (torch._dynamo.exc.BackendCompilerFailed, RuntimeSessionError)
-_SUM_BUG = pytest.mark.xfail(raises=_COMPILE_FAILS, strict=True, reason=_REDUCTIONS_PY)
 
 
 class _Model(nn.Module):
@@ -358,12 +348,7 @@ EMPTY_BATCHES = {
     "batch norm 1d": (lambda: nn.BatchNorm1d(4), (0, 4), lambda o: o.sum()),
 }
 EMPTY_BATCH_XFAILS = {
-    "linear mse": pytest.mark.xfail(raises=_COMPILE_FAILS, strict=True, reason=f"{_REDUCTIONS_PY}; {_MSE}; {_MEAN}"),
-    "mlp cross entropy": _SUM_BUG,
-    "linear 3d": _SUM_BUG,
-    "layer norm": _SUM_BUG,
-    "conv mean": pytest.mark.xfail(raises=AssertionError, strict=True, reason=_MEAN),
-    "conv large kernel": pytest.mark.xfail(raises=_COMPILE_FAILS, strict=True, reason=_CONV_PY),
+    "linear mse": pytest.mark.xfail(raises=_COMPILE_FAILS, strict=True, reason=_MSE),
 }
 
 
@@ -404,7 +389,6 @@ def test_expand_of_size_one_to_size_zero():
         torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
 
 
-@_SUM_BUG
 def test_expand_of_size_one_to_size_zero_with_gradients():
     def fn(t: torch.Tensor) -> torch.Tensor:
         return (t.unsqueeze(0).expand(0, 4) * 2).sum()

@@ -134,17 +134,19 @@ def _grad_weight_as_conv(grad_output, input, weight, stride, padding, dilation, 
     # (Cin/g, g*N, *spatial) and dY to (Cout, N, *spatial_out); stride and dilation swap roles.
     spatial = len(stride)
     rest = list(range(3, 3 + spatial))
-    n_g_c = op.Concat(op.Shape(input, start=0, end=1), op.Constant(value_ints=[groups, -1]), axis=0)
+    # Channel counts are spelled out, not -1: with an empty batch, -1 beside a 0 is ambiguous and refused.
+    batch = op.Shape(input, start=0, end=1)
+    c_out_g, c_in_g = op.Shape(weight, start=0, end=1), op.Shape(weight, start=1, end=2)
+    c_out_g = op.Div(c_out_g, op.Constant(value_ints=[groups]))
+    g = op.Constant(value_ints=[groups])
     spatial_in = op.Shape(input, start=2)
-    x = op.Reshape(input, op.Concat(n_g_c, spatial_in, axis=0))
+    x = op.Reshape(input, op.Concat(batch, g, c_in_g, spatial_in, axis=0), allowzero=1)
     x = op.Transpose(x, perm=[2, 1, 0, *rest])  # (Cin/g, g, N, *spatial)
-    x = op.Reshape(x, op.Concat(op.Constant(value_ints=[0, -1]), spatial_in, axis=0))
+    x = op.Reshape(x, op.Concat(c_in_g, op.Mul(g, batch), spatial_in, axis=0), allowzero=1)
     spatial_out = op.Shape(grad_output, start=2)
-    dy = op.Reshape(grad_output, op.Concat(op.Shape(grad_output, start=0, end=1),
-                                           op.Constant(value_ints=[groups, -1]), spatial_out, axis=0))
+    dy = op.Reshape(grad_output, op.Concat(batch, g, c_out_g, spatial_out, axis=0), allowzero=1)
     dy = op.Transpose(dy, perm=[1, 2, 0, *rest])  # (g, Cout/g, N, *spatial_out)
-    dy = op.Reshape(dy, op.Concat(op.Constant(value_ints=[-1]), op.Shape(grad_output, start=0, end=1),
-                                  spatial_out, axis=0))
+    dy = op.Reshape(dy, op.Concat(op.Shape(weight, start=0, end=1), batch, spatial_out, axis=0), allowzero=1)
     gw = op.Conv(x, dy, strides=dilation, dilations=stride, pads=list(padding) * 2, group=groups)
     # The result can be larger than the kernel (a stride that does not divide the input): crop.
     gw = op.Slice(gw, op.Constant(value_ints=[0] * spatial), op.Shape(weight, start=2),

@@ -76,8 +76,8 @@ def aten_sum_dim_intlist(self, dim: Sequence[int] | None = None, keepdim: bool =
         rows = math.prod(shape[:lead])
         rest = list(shape[lead:])
         ones = op.ConstantOfShape(op.Constant(value_ints=[1, rows]), value=ir.tensor([1], dtype=self.dtype))
-        total = op.MatMul(ones, op.Reshape(self, op.Constant(value_ints=[rows, -1])))
-        return op.Reshape(total, op.Constant(value_ints=[1] * lead + rest if keepdim else rest))
+        total = op.MatMul(ones, op.Reshape(self, op.Constant(value_ints=[rows, math.prod(rest)]), allowzero=1))
+        return op.Reshape(total, op.Constant(value_ints=[1] * lead + rest if keepdim else rest), allowzero=1)
     return torchlib_core.aten_sum_dim_IntList(self, dim, keepdim, dtype)
 
 
@@ -481,3 +481,34 @@ def aten_histogram_bins_tensor(self, bins, weight=None, density: bool = False):
     inside = op.And(op.GreaterOrEqual(x, first), op.LessOrEqual(x, last))
     position = op.Where(inside, position, op.Constant(value_int=count))  # an extra bin, dropped below
     return _histogram_counts(x, position, bins, count, weight, density), op.Identity(bins)
+
+
+def _mean_of_nothing(self, axes: list[int], keepdim: bool, dtype: int):
+    """A mean over axes of static size 0 is NaN in ATen (0 / 0); ONNX Runtime's ReduceMean gives 0."""
+    total = op.ReduceSum(self, op.Constant(value_ints=axes), keepdims=1 if keepdim else 0)
+    result = op.Div(total, op.CastLike(op.Constant(value_float=0.0), total))
+    return op.Cast(result, to=dtype) if dtype not in (-1, None) else result
+
+
+def _reduces_nothing(self, axes: list[int]) -> bool:
+    shape = self.shape
+    return shape is not None and any(isinstance(shape[a], int) and shape[a] == 0 for a in axes)
+
+
+@project_rule(aten.mean.dim)
+def aten_mean_dim(self, dim: Sequence[int] | None = None, keepdim: bool = False, dtype: int = -1):
+    """mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor"""
+    rank = 0 if self.shape is None else len(self.shape)
+    axes = _axes(dim, rank) if rank else []
+    if axes and _reduces_nothing(self, axes):
+        return _mean_of_nothing(self, axes, keepdim, dtype)
+    return torchlib_core.aten_mean_dim(self, dim, keepdim, dtype)
+
+
+@project_rule(aten.mean.default)
+def aten_mean(self, dtype: int = -1):
+    """mean(Tensor self, *, ScalarType? dtype=None) -> Tensor"""
+    rank = 0 if self.shape is None else len(self.shape)
+    if rank and _reduces_nothing(self, list(range(rank))):
+        return _mean_of_nothing(self, list(range(rank)), False, dtype)
+    return torchlib_core.aten_mean(self, dtype)
