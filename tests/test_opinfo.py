@@ -54,6 +54,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 import aot2onnx
 from aot2onnx import coverage
 from aot2onnx.errors import LoweringError, RuntimeSessionError, UnsupportedOpError
+from aot2onnx.runtime.kernels import require_runnable
 from aot2onnx.runtime.session import OrtGraph
 
 _backend_module = importlib.import_module("aot2onnx.backend")
@@ -153,11 +154,13 @@ def _recording(recorder: _GraphRecorder):
 
 
 def _converted(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    """An opset-18 model at ``opset``, converted as ``lower_graph(..., opset=opset)`` converts its own."""
+    """An opset-18 model at ``opset``, converted as ``lower_graph(..., opset=opset)`` converts its own, and
+    refused as the backend refuses a node ONNX Runtime cannot run at ``opset``."""
     ir_model = ir.serde.deserialize_model(model)
     onnxscript.version_converter.convert_version(ir_model, opset, fallback=True)
     converted = ir.serde.serialize_model(ir_model)
     onnx.checker.check_model(converted)
+    require_runnable(converted, opset, "graph")
     return converted
 
 
@@ -177,6 +180,9 @@ def replay(recorder: _GraphRecorder, result: SampleResult, opset: int, dtype: to
         lowered = recorder.lowered[graph.name]
         try:
             model = _converted(lowered.model, opset)
+        except LoweringError as e:
+            failures[kind] = Check("lowering", _first_line(str(e)))
+            continue
         except Exception as e:
             failures[kind] = Check("lowering", f"version conversion to opset {opset}: {type(e).__name__}: {_first_line(str(e))}")
             continue

@@ -303,6 +303,8 @@ def lower_graph(
             # channel) and otherwise changes version numbers; its fallback, ONNX's C++ converter, is for
             # opsets past onnxscript's (25), beyond what Options admits.
             onnxscript.version_converter.convert_version(model, opset, fallback=True)
+            if model.opset_imports.get("", 18) != opset:  # the converter gives up without raising
+                raise LoweringError(f"graph {name!r} could not be converted from opset 18 to opset {opset}")
         proto = ir.serde.serialize_model(model)
     return LoweredGraph(proto, GraphSignature(tuple(input_specs), tuple(output_specs)), fx_nodes, len(proto.graph.node))
 
