@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.onnx._internal.exporter import _building, _core, _fx_passes, _ir_passes, _tensors
 
 from aot2onnx.errors import LoweringError, UnsupportedOpError
+from aot2onnx.lower.dispatch import dispatch, is_passthrough_getitem
 from aot2onnx.lower.registry import Registry, default_registry
 from aot2onnx.lower.seeds import draw_seeds
 from aot2onnx.signature import (
@@ -73,33 +73,13 @@ def user_source_line(node: torch.fx.Node) -> str:
     return "(no source line recorded)"
 
 
-def _is_complex_node(node: torch.fx.Node) -> bool:
-    def complex_arg(arg: Any) -> bool:
-        if isinstance(arg, torch.fx.Node):
-            val = arg.meta.get("val")
-            return isinstance(val, torch.Tensor) and val.is_complex()
-        if isinstance(arg, (list, tuple)):
-            return any(complex_arg(a) for a in arg)
-        return False
-
-    return any(complex_arg(a) for a in (*node.args, *node.kwargs.values()))
-
-
-def _is_passthrough_getitem(node: torch.fx.Node) -> bool:
-    # getitem on a multi-output op picks one of its outputs; it is not an op of its own.
-    if node.target is not operator.getitem:
-        return False
-    source = node.args[0]
-    return isinstance(source, torch.fx.Node) and isinstance(source.meta.get("val"), (list, tuple))
-
-
 def unsupported_nodes(gm: torch.fx.GraphModule, registry: Registry, opset: int) -> dict[str, list[tuple[torch.fx.Node, str]]]:
     """Every call_function node without a usable rule, grouped by target, with the reason."""
     missing: dict[str, list[tuple[torch.fx.Node, str]]] = collections.defaultdict(list)
     for node in gm.graph.nodes:
-        if node.op != "call_function" or _is_passthrough_getitem(node):
+        if node.op != "call_function" or is_passthrough_getitem(node):
             continue
-        rule, reason = registry.lookup(node.target, opset, is_complex=_is_complex_node(node))
+        rule, reason = dispatch(node, registry, opset)
         if rule is None:
             missing[str(node.target)].append((node, reason))
     return dict(missing)
@@ -141,7 +121,7 @@ def _lower_call(
     opset: onnxscript.values.Opset,
     constant_farm: dict[Any, ir.Value],
 ) -> None:
-    if _is_passthrough_getitem(node) and isinstance(values[node.args[0].name], list):
+    if is_passthrough_getitem(node) and isinstance(values[node.args[0].name], list):
         # A rule that returned several values; a rule that returned one ONNX sequence (torch_lib's split
         # is SplitToSequence) goes on to the getitem rule, which emits SequenceAt.
         value = values[node.args[0].name][node.args[1]]
@@ -150,7 +130,7 @@ def _lower_call(
         values[node.name] = value
         return
 
-    rule, reason = registry.lookup(node.target, opset.version, is_complex=_is_complex_node(node))
+    rule, reason = dispatch(node, registry, opset.version)
     if rule is None:  # unsupported_nodes() ran first, so this is a bug
         raise UnsupportedOpError(f"{node.format_node()}: {reason}")
 
