@@ -862,12 +862,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     optimizer: Optimizer | None = None
-    if args.optimizer == "sgd":
-        optimizer = SGD(args.lr, momentum=args.momentum, weight_decay=args.weight_decay or 0.0)
-    elif args.optimizer == "adamw":
-        optimizer = AdamW(args.lr, betas=tuple(args.betas), eps=args.eps,
-                          weight_decay=0.01 if args.weight_decay is None else args.weight_decay)
     try:
+        # Bad arguments are refused before any work: the factory may build a large model.
+        check_target_opset(args.opset)
+        if args.optimizer == "sgd":
+            optimizer = SGD(args.lr, momentum=args.momentum, weight_decay=args.weight_decay or 0.0)
+        elif args.optimizer == "adamw":
+            optimizer = AdamW(args.lr, betas=tuple(args.betas), eps=args.eps,
+                              weight_decay=0.01 if args.weight_decay is None else args.weight_decay)
         if args.seed is not None:
             torch.manual_seed(args.seed)
         module = _load_factory(args.factory)()

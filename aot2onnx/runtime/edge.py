@@ -21,6 +21,7 @@ import os
 import pathlib
 import re
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -543,6 +544,22 @@ def read_batches(path: str | os.PathLike, user_inputs: Sequence[dict]) -> list[n
     return ordered
 
 
+def _check_writable(path: str) -> None:
+    """Raises ``OSError`` unless a file can be written at ``path`` (a probe file is created and removed)."""
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        raise OSError(f"--out {path!r} is a directory; name the state file to write")
+    directory = os.path.dirname(target)
+    if not os.path.isdir(directory):
+        raise OSError(f"--out {path!r}: the directory {directory} does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".aot2onnx-probe-", dir=directory)
+    except OSError as e:
+        raise OSError(f"--out {path!r}: cannot write in {directory}: {e.strerror}") from e
+    os.close(fd)
+    os.unlink(probe)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m aot2onnx.runtime.edge",
@@ -556,7 +573,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, metavar="state.safetensors", help="where to write the final state")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: its default)")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
+    if args.threads < 0:
+        parser.error(f"--threads must be 0 (ONNX Runtime's default) or more, got {args.threads}")
     try:
+        _check_writable(args.out)  # before training, not after it
         trainer = Trainer(args.artifact, intra_op_num_threads=args.threads)
         batches = read_batches(args.data, trainer.artifact.signature["user_inputs"])
         for step in range(args.steps):
