@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import onnx
@@ -279,6 +280,7 @@ def _capture(
     with contextlib.ExitStack() as stack:
         # Attention is traced through its math formulation, as the backend does (see capture/aot.py).
         stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        stack.enter_context(_convolutions_without_layout_guards())
         stack.enter_context(torch.enable_grad())  # the joint graph needs autograd, even if the caller is in no_grad
         with progress.stage("tracing the joint forward-backward graph with AOTAutograd"):
             try:
@@ -320,6 +322,40 @@ def _capture(
         dims[BATCH_DIM] = {"example": batch, "min": lower, "max": upper}
         symbols[str(symbol)] = BATCH_DIM
     return _Trace(graphs["forward"], graphs["backward"], symbols, dims, dynamic, wrapper.returns)
+
+
+_CONVOLUTIONS = (
+    torch.ops.aten.convolution.default,
+    torch.ops.aten._convolution.default,
+    torch.ops.aten._convolution.deprecated,
+    torch.ops.aten.convolution_backward.default,
+)
+
+
+@contextlib.contextmanager
+def _convolutions_without_layout_guards() -> Any:
+    """Fake convolutions that do not guard the batch size.
+
+    FakeTensor's convolution picks its output's memory format as eager's CPU kernel would, and to do so
+    asks ``torch._C._select_conv_backend``, whose oneDNN heuristic compares the batch size with 16: the
+    comparison became a guard, and an artifact exported with an example batch below 16 accepted [2, 15],
+    one exported with 16 or more [16, inf). An ONNX model has no memory formats, so the fake convolution
+    is told the sizes have no hint, and takes its layout-free path.
+    """
+    from torch._subclasses import fake_impls
+    from torch.fx.experimental import symbolic_shapes
+
+    def without_hints(impl: Callable) -> Callable:
+        def conv(*args: Any, **kwargs: Any) -> Any:
+            with mock.patch.object(symbolic_shapes, "has_guarding_hint", lambda *_: False):
+                return impl(*args, **kwargs)
+
+        return conv
+
+    table = fake_impls.op_implementations_dict
+    patched = {op: without_hints(table[op]) for op in _CONVOLUTIONS if op in table}
+    with mock.patch.dict(table, patched):
+        yield
 
 
 def _check_metadata(metadata: Any, module: nn.Module) -> None:
