@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import importlib
 import importlib.util
@@ -32,12 +33,14 @@ import onnx
 import onnx_ir as ir
 import onnxruntime
 import safetensors.torch
+import sympy
 import torch
 import torch.fx
 import torch.nn as nn
 from torch._functorch._aot_autograd import descriptors as aot_desc
 from torch._functorch.aot_autograd import aot_compile_joint_with_descriptors, aot_export_joint_with_descriptors
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental import _config as fx_config
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -261,7 +264,8 @@ def _capture(
         t for t in registry.targets() if registry.supports(t, opset) and _target_name(t) not in _DECOMPOSE_FOR_TRAINING
     )
     wrapper = _LossFirst(module)
-    fakes, shape_env, symbol, batch, dynamic = _fake_inputs(example_inputs, dynamic_batch)
+    with fx_config.patch(backed_size_oblivious=True):  # read when the batch symbol is made (see below)
+        fakes, shape_env, symbol, batch, dynamic = _fake_inputs(example_inputs, dynamic_batch)
     graphs: dict[str, _Captured] = {}
 
     def compiler(kind: str, gm: torch.fx.GraphModule, _inputs: Sequence[Any]) -> Callable:
@@ -281,6 +285,9 @@ def _capture(
         # Attention is traced through its math formulation, as the backend does (see capture/aot.py).
         stack.enter_context(sdpa_kernel(SDPBackend.MATH))
         stack.enter_context(_convolutions_without_layout_guards())
+        # Sizes 0 and 1 are not specialised away: a batch of 1 stays possible, and where the trace does
+        # depend on it, the guard says so (see _admits_one).
+        stack.enter_context(fx_config.patch(backed_size_oblivious=True))
         stack.enter_context(torch.enable_grad())  # the joint graph needs autograd, even if the caller is in no_grad
         with progress.stage("tracing the joint forward-backward graph with AOTAutograd"):
             try:
@@ -318,7 +325,9 @@ def _capture(
     if symbol is not None:
         bounds = shape_env.var_to_range.get(symbol)
         upper = None if bounds is None or bounds.upper == int_oo else int(bounds.upper)
-        lower = 2 if bounds is None or bounds.lower == -int_oo else max(2, int(bounds.lower))
+        lower = 1 if bounds is None or bounds.lower == -int_oo else max(1, int(bounds.lower))
+        if lower == 1 and (not _admits_one(shape_env, symbol) or not _eager_runs_one(module, example_inputs, dynamic)):
+            lower = 2
         dims[BATCH_DIM] = {"example": batch, "min": lower, "max": upper}
         symbols[str(symbol)] = BATCH_DIM
     return _Trace(graphs["forward"], graphs["backward"], symbols, dims, dynamic, wrapper.returns)
@@ -356,6 +365,32 @@ def _convolutions_without_layout_guards() -> Any:
     patched = {op: without_hints(table[op]) for op in _CONVOLUTIONS if op in table}
     with mock.patch.dict(table, patched):
         yield
+
+
+def _admits_one(shape_env: ShapeEnv, symbol: Any) -> bool:
+    """Whether the trace holds for a batch of 1: no guard it recorded is false there.
+
+    The trace runs with size-oblivious reasoning for backed sizes (``backed_size_oblivious``): a batch
+    symbol ranges over [0, inf) instead of [2, inf), and a decision that did depend on the batch being 1
+    or not is recorded as a guard (``Ne(s0, 1)``), which this checks.
+    """
+    for guard in shape_env.guards:
+        if symbol in guard.expr.free_symbols and guard.expr.subs(symbol, 1) == sympy.false:
+            return False
+    return True
+
+
+def _eager_runs_one(module: nn.Module, example_inputs: Sequence[torch.Tensor], dynamic: list[bool]) -> bool:
+    """Whether eager accepts a batch of 1: some models refuse one by their data, not their shapes (training
+    BatchNorm over a single value per channel), and an artifact cannot raise as eager does."""
+    inputs = [x[:1] if flag else x for x, flag in zip(example_inputs, dynamic)]
+    copy_ = copy.deepcopy(module)
+    try:
+        with torch.no_grad():
+            copy_(*inputs)
+    except Exception:  # eager's own refusal, whatever it is: the artifact keeps the batch at 2 or more
+        return False
+    return True
 
 
 def _check_metadata(metadata: Any, module: nn.Module) -> None:
