@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import contextvars
 import copy
 import dataclasses
 import importlib
@@ -185,10 +186,22 @@ class _Captured:
     lowered: LoweredGraph | None = None
 
 
-def _strip(target: str) -> str:
+# Tied names -> the state entry's name, for the export in progress: AOTAutograd lifts a tied tensor under one
+# of its names, not necessarily the one named_parameters() lists first.
+_TIED: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("aot2onnx_tied", default=None)
+
+
+def _module_name(target: str) -> str:
+    """The module's own name for a tensor AOTAutograd names ``target`` (under the loss-first wrapper)."""
     if not target.startswith(_WRAPPER_PREFIX):
         raise AssertionError(f"unexpected state name {target!r}")
     return target[len(_WRAPPER_PREFIX):]
+
+
+def _strip(target: str) -> str:
+    """The state entry of the tensor AOTAutograd names ``target``: a tied name maps to the entry it shares."""
+    name = _module_name(target)
+    return (_TIED.get() or {}).get(name, name)
 
 
 def _describe(gm: torch.fx.GraphModule) -> _Captured:
@@ -540,10 +553,11 @@ def _lowered_values(captured: _Captured, graph: ir.Graph) -> tuple[list[ir.Value
 
 def _fx_input_role(desc: Any, input_names: Sequence[str]) -> tuple[str, Any, str]:
     """(role, source, artifact name) of a forward or backward input that AOTAutograd lifted from the module."""
+    # A tied tensor is lifted once per name: each such input keeps its name and reads the one state entry.
     if isinstance(desc, aot_desc.ParamAOTInput):
-        return "parameter", _strip(desc.target), _strip(desc.target)
+        return "parameter", _strip(desc.target), _module_name(desc.target)
     if isinstance(desc, aot_desc.BufferAOTInput):
-        return "buffer", _strip(desc.target), _strip(desc.target)
+        return "buffer", _strip(desc.target), _module_name(desc.target)
     if isinstance(desc, aot_desc.PlainAOTInput):
         return "user_input", desc.idx, input_names[desc.idx]
     raise CaptureError(f"a graph takes an input AOTAutograd describes as {desc}; it cannot be exported")
@@ -648,7 +662,7 @@ def _backward_model(captured: _Captured, input_names: Sequence[str], feeds: dict
         renamer.claim(value, name)
         inputs.append((value, fields))
 
-    outputs, params = [], []
+    gradients: dict[str, list[ir.Value]] = {}
     for desc, value, spec in zip(captured.output_descs, out_values, captured.lowered.signature.outputs):
         if value is None and spec.kind is OutputKind.CONSTANT and spec.value is None:
             continue  # no gradient: a buffer, a user input, a frozen parameter
@@ -657,9 +671,17 @@ def _backward_model(captured: _Captured, input_names: Sequence[str], feeds: dict
         param = _strip(desc.grad_of.target)
         if value is None:
             raise CaptureError(f"the gradient of {param} lowered to the constant {spec.value!r}; it cannot be exported")
-        outputs.append((_output(renamer, value, grad_name(param), input_ids), {"role": "grad", "target": param}))
-        params.append(param)
-    return model, _finish(model, inputs, outputs, symbols, "backward.onnx"), params
+        gradients.setdefault(param, []).append(value)
+    outputs = []
+    for param, values in gradients.items():
+        total = values[0]
+        for value in values[1:]:  # a tied parameter: the gradient is the sum over its names' uses
+            add = ir.node("Add", [total, value])
+            model.graph.append(add)
+            total = add.outputs[0]
+            total.dtype, total.shape = value.dtype, value.shape
+        outputs.append((_output(renamer, total, grad_name(param), input_ids), {"role": "grad", "target": param}))
+    return model, _finish(model, inputs, outputs, symbols, "backward.onnx"), list(gradients)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -683,9 +705,18 @@ def _input_names(module: nn.Module, count: int, taken: set[str]) -> list[str]:
     return [f"input_{i}" if name in reserved or ":" in name else name for i, name in enumerate(names)]
 
 
-def _state(module: nn.Module) -> tuple[dict[str, torch.Tensor], list[dict]]:
+def _state(module: nn.Module) -> tuple[dict[str, torch.Tensor], list[dict], list[dict]]:
+    """The module's parameters and buffers as state entries, and its tied ones.
+
+    A tensor the module holds under several names (an LM head sharing the word embedding's weight) is one
+    state entry, under the name ``named_parameters()`` lists first. AOTAutograd lifts it once per name: the
+    forward and backward models take one input per name, each read from that entry, and the backward model
+    returns one gradient for it, the sum over the names. Each further name is a ``tied`` entry naming the
+    state entry it is.
+    """
     tensors: dict[str, torch.Tensor] = {}
     entries: list[dict] = []
+    tied: list[dict] = []
     seen: dict[int, str] = {}
     non_persistent = {f"{prefix}.{b}" if prefix else b for prefix, m in module.named_modules()
                       for b in m._non_persistent_buffers_set}
@@ -695,10 +726,8 @@ def _state(module: nn.Module) -> tuple[dict[str, torch.Tensor], list[dict]]:
         if tensor is None:
             continue
         if id(tensor) in seen:
-            raise CaptureError(
-                f"{name} and {seen[id(tensor)]} are the same tensor (tied weights); export_training does not "
-                "support shared parameters or buffers yet"
-            )
+            tied.append({"name": name, "state": seen[id(tensor)]})
+            continue
         seen[id(tensor)] = name
         entry = {"name": name, "kind": kind, "dtype": _dtype_name(tensor.dtype), "shape": list(tensor.shape)}
         if kind == "parameter":
@@ -707,7 +736,7 @@ def _state(module: nn.Module) -> tuple[dict[str, torch.Tensor], list[dict]]:
             entry["persistent"] = False  # not in the module's state_dict, but the forward reads it
         entries.append(entry)
         tensors[name] = tensor.detach().to("cpu").contiguous()
-    return tensors, entries
+    return tensors, entries, tied
 
 
 def _attach_signature(model: onnx.ModelProto, signature: dict, graph: str) -> onnx.ModelProto:
@@ -761,7 +790,6 @@ def export_training(
     """
     # The artifact's constants are edge.py's, the reference reader. Imported here: `import aot2onnx` must not
     # import edge, or `python -m aot2onnx.runtime.edge` would find it imported already and runpy would warn.
-    from aot2onnx.runtime import edge
 
     if optimizer is not None and not isinstance(optimizer, Optimizer):
         raise TypeError(f"optimizer must be aot2onnx.optim.SGD, aot2onnx.optim.AdamW or None, got {optimizer!r}")
@@ -775,7 +803,21 @@ def export_training(
     live = progress is not None and getattr(progress, "__self__", None) is not None and _isatty(progress.__self__)
     report = _Progress(6 if optimizer is not None else 5, progress, live=live)
 
-    tensors, state = _state(module)
+    tensors, state, tied = _state(module)
+    token = _TIED.set({t["name"]: t["state"] for t in tied})
+    try:
+        return _export(module, example_inputs, out_dir, optimizer, dynamic_batch, opset, report, tensors, state, tied)
+    finally:
+        _TIED.reset(token)
+
+
+def _export(
+    module: nn.Module, example_inputs: tuple[torch.Tensor, ...], out_dir: pathlib.Path, optimizer: Optimizer | None,
+    dynamic_batch: bool, opset: int, report: _Progress, tensors: dict[str, torch.Tensor], state: list[dict],
+    tied: list[dict],
+) -> TrainingArtifact:
+    from aot2onnx.runtime import edge  # see export_training
+
     input_names = _input_names(module, len(example_inputs), set(tensors))
     trace = _capture(module, example_inputs, dynamic_batch=dynamic_batch, opset=opset, progress=report)
     with report.stage("naming the models' inputs and outputs"):
@@ -821,6 +863,7 @@ def export_training(
             for i, (name, x, dynamic) in enumerate(zip(input_names, example_inputs, trace.dynamic))
         ],
         "state": state,
+        **({"tied": tied} if tied else {}),
         "forward": forward_section,
         "backward": backward_section,
         "optimizer": optimizer_section,

@@ -168,6 +168,14 @@ def _check_signature(sig: Any, path: pathlib.Path) -> None:
         if entry["name"] in state:
             raise _fail(path, f"state {entry['name']!r} is listed twice")
         state[entry["name"]] = entry
+    tied = sig.get("tied", [])
+    if not isinstance(tied, list):
+        raise _fail(path, "'tied' must be a JSON array")
+    for entry in tied:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or entry.get("state") not in state:
+            raise _fail(path, f"tied entry {entry!r} must name itself and a state entry")
+        if entry["name"] in state or sum(e.get("name") == entry["name"] for e in tied) > 1:
+            raise _fail(path, f"tied name {entry['name']!r} is listed twice")
     for i, entry in enumerate(sig["user_inputs"]):
         _check_tensor_entry(entry, path, "user_inputs", static=False)
         if entry.get("position") != i:

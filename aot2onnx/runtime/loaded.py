@@ -107,6 +107,13 @@ class LoadedModule(nn.Module):
             tensor = torch.from_numpy(state[entry["name"]].copy())
             persistent = bool(entry.get("persistent", True))
             _set(self, entry["name"], lambda m, leaf, t=tensor, p=persistent: m.register_buffer(leaf, t, persistent=p))
+        for entry in sig.get("tied", []):  # the same Parameter (or buffer) under its other names, as exported
+            shared = self.get_parameter(entry["state"]) if entry["state"] in dict(self.named_parameters()) \
+                else self.get_buffer(entry["state"])
+            if isinstance(shared, nn.Parameter):
+                _set(self, entry["name"], lambda m, leaf, p=shared: m.register_parameter(leaf, p))
+            else:
+                _set(self, entry["name"], lambda m, leaf, t=shared: m.register_buffer(leaf, t))
         # Plain attributes (not submodules): what the autograd.Function needs.
         self._aot2onnx = _Step(sig, forward, backward)
 
