@@ -393,7 +393,7 @@ def test_frozen_parameter_eval_batchnorm_and_non_persistent_buffer(tmp_path):
 def test_signature_and_models(exported):
     art = exported("mlp", "adamw")
     sig = json.loads((art.out_dir / "signature.json").read_text())
-    assert sig["format"] == "aot2onnx.training/1"
+    assert sig["format"] == "aot2onnx.training/2"
     assert set(sig["versions"]) == {"aot2onnx", "torch", "onnx", "onnxruntime", "opset"}
     assert sig["dims"] == {"batch": {"example": EXPORT_BATCH, "min": 1, "max": None}}
     assert sig["user_inputs"] == [
@@ -404,7 +404,12 @@ def test_signature_and_models(exported):
     assert kinds["model.0.weight"] == "parameter" and kinds["model.0.weight:exp_avg"] == "optimizer_state"
     assert kinds["optimizer:step"] == "optimizer_state"
     assert sig["optimizer"]["hyperparameters"] == {"name": "adamw", "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8,
-                                                   "weight_decay": 0.01}
+                                                   "weight_decay": 0.01, "schedule": {"name": "constant"},
+                                                   "max_grad_norm": None}
+    # The learning rate and the weight decay are inputs a device feeds (float64 scalars).
+    roles = {e["role"]: e for e in sig["optimizer"]["inputs"]}
+    assert (roles["lr"]["dtype"], roles["lr"]["shape"]) == ("float64", [])
+    assert (roles["weight_decay"]["dtype"], roles["weight_decay"]["shape"]) == ("float64", [])
     for graph in ("forward", "backward", "optimizer"):
         model = onnx.load(str(art.out_dir / sig[graph]["model"]))
         props = {p.key: p.value for p in model.metadata_props}
@@ -469,7 +474,8 @@ def test_export_command_line(tmp_path, monkeypatch, capsys):
         assert (out / name).is_file() and name in captured.out
     assert "4 parameters (161 values, 4 trainable)" in captured.out
     sig = json.loads((out / "signature.json").read_text())
-    assert sig["optimizer"]["hyperparameters"] == {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0}
+    assert sig["optimizer"]["hyperparameters"] == {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0,
+                                                   "schedule": {"name": "constant"}, "max_grad_norm": None}
     assert [u["name"] for u in sig["user_inputs"]] == ["features", "target"]
     trainer = edge.Trainer(out)
     assert np.isfinite(trainer.step(np.ones((3, 8), np.float32), np.ones((3, 1), np.float32)))

@@ -33,7 +33,10 @@ import safetensors.numpy
 __all__ = ["FORMAT", "ArtifactError", "Artifact", "Trainer", "open_artifact", "read_state", "check_model_io",
            "check_embedded_signature", "main"]
 
-FORMAT = "aot2onnx.training/1"
+FORMAT = "aot2onnx.training/2"
+# /1: the learning rate and AdamW's weight decay were constants of optimizer.onnx. /2 makes them inputs (roles
+# "lr" and "weight_decay") and adds the optional schedule and gradient clipping. /1 artifacts read as before.
+READABLE_FORMATS = ("aot2onnx.training/1", FORMAT)
 SIGNATURE_FILE = "signature.json"
 STATE_FILE = "state.safetensors"
 SIGNATURE_KEY = "aot2onnx.signature"  # each model's metadata_props entry holding the signature
@@ -56,7 +59,7 @@ _ROLES = {
                              "buffer": "buffer", "user_input": "user_input"},
     ("backward", "outputs"): {"grad": "parameter"},
     ("optimizer", "inputs"): {"parameter": "parameter", "grad": "gradient", "optimizer_state": "optimizer_state",
-                              "step": "optimizer_state"},
+                              "step": "optimizer_state", "lr": None, "weight_decay": None},
     ("optimizer", "outputs"): {"parameter_update": "parameter", "optimizer_state_update": "optimizer_state"},
 }
 _STATE_KINDS = ("parameter", "buffer", "optimizer_state")
@@ -69,6 +72,28 @@ _ORT_DTYPES = {f"tensor({t})": d for t, d in (
 _SAFETENSORS_DTYPES = {"F32": "float32", "F64": "float64", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
                        "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "U16": "uint16", "U32": "uint32",
                        "U64": "uint64", "BOOL": "bool"}
+
+
+STEP_STATE = "optimizer:step"  # aot2onnx.optim's step counter, where the optimizer keeps one
+
+
+def lr_factor(schedule: Mapping[str, Any] | None, step: int) -> float:
+    """The learning-rate multiplier of ``schedule`` (the signature's ``optimizer.hyperparameters.schedule``)
+    for the optimizer step that follows ``step`` completed ones, as ``torch.optim.lr_scheduler.LambdaLR``
+    applies it, with the lambdas of transformers' ``get_linear_schedule_with_warmup`` and
+    ``get_cosine_schedule_with_warmup``. Computed in double precision, as torch computes a learning rate."""
+    if schedule is None or schedule.get("name") == "constant":
+        return 1.0
+    name, warmup, total = schedule["name"], int(schedule["warmup_steps"]), int(schedule["total_steps"])
+    if step < warmup:
+        return float(step) / float(max(1, warmup))
+    progress = float(step - warmup) / float(max(1, total - warmup))
+    if name == "linear":
+        return max(0.0, 1.0 - progress)
+    if name == "cosine":
+        cycles = float(schedule.get("num_cycles", 0.5))
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * cycles * 2.0 * progress)))
+    raise ArtifactError(f"unknown learning-rate schedule {name!r}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -146,13 +171,20 @@ def _check_signature(sig: Any, path: pathlib.Path) -> None:
     """Checks the signature's structure and that every name it refers to exists."""
     if not isinstance(sig, dict):
         raise _fail(path, "the signature must be a JSON object")
-    if sig.get("format") != FORMAT:
-        raise _fail(path, f"unknown format {sig.get('format')!r}; this reader understands {FORMAT!r}")
+    if sig.get("format") not in READABLE_FORMATS:
+        raise _fail(path, f"unknown format {sig.get('format')!r}; this reader understands {READABLE_FORMATS}")
     for key, kind in (("state", list), ("user_inputs", list), ("forward", dict), ("backward", dict)):
         if not isinstance(sig.get(key), kind):
             raise _fail(path, f"{key!r} must be a JSON {'array' if kind is list else 'object'}")
     if sig.get("optimizer") is not None and not isinstance(sig["optimizer"], dict):
         raise _fail(path, "'optimizer' must be a JSON object or null")
+    schedule = ((sig.get("optimizer") or {}).get("hyperparameters") or {}).get("schedule")
+    if schedule is not None:
+        known = {"constant": (), "linear": ("warmup_steps", "total_steps"), "cosine": ("warmup_steps", "total_steps")}
+        if not isinstance(schedule, dict) or schedule.get("name") not in known or not all(
+            isinstance(schedule.get(k), int) and schedule[k] >= 0 for k in known[schedule["name"]]
+        ):
+            raise _fail(path, f"optimizer schedule {schedule!r} is not one this reader knows ({sorted(known)})")
     if not isinstance(sig.get("dims", {}), dict):
         raise _fail(path, "'dims' must be a JSON object")
     for dim, limits in sig.get("dims", {}).items():
@@ -487,6 +519,21 @@ class Trainer:
             arrays.append(np.asarray(array, order="C"))  # not ascontiguousarray: it makes 0-d arrays 1-d
         return arrays
 
+    @property
+    def completed_steps(self) -> int:
+        """Optimizer steps taken since export: the artifact's step counter where it keeps one (it survives
+        ``save`` and a new Trainer on the saved state), else this Trainer's count."""
+        if STEP_STATE in self.state:
+            return int(self.state[STEP_STATE])
+        return self.steps
+
+    def hyperparameter(self, name: str) -> float:
+        """The learning rate (``"lr"``, scheduled) or weight decay the next step uses."""
+        hyper = self.artifact.signature["optimizer"]["hyperparameters"]
+        if name == "lr":
+            return hyper["lr"] * lr_factor(hyper.get("schedule"), self.completed_steps)
+        return hyper[name]
+
     def step(self, *inputs: Any) -> float:
         """One training step on one batch; returns the loss (computed before the update)."""
         inputs = self._check_inputs(inputs)
@@ -505,6 +552,8 @@ class Trainer:
                 return np.ones(entry["shape"], dtype=entry["dtype"])
             if role == "grad":
                 return grads[source]
+            if role in ("lr", "weight_decay"):
+                return np.array(self.hyperparameter(role), dtype=np.float64)
             raise AssertionError(role)  # _check_signature admits no other role
 
         forward = self._run("forward", {e["name"]: feed(e) for e in self.artifact.entries("forward", "inputs")})
