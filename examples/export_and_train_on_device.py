@@ -1,11 +1,13 @@
 """Export a language model's training step, then train it with ONNX Runtime alone, as a device would.
 
-1. `aot2onnx.export_training` writes forward.onnx, backward.onnx, optimizer.onnx (AdamW), state.safetensors
-   and signature.json (the format: docs/artifact-format.md).
-2. The artifact is trained by `aot2onnx/runtime/edge.py`, run as a plain file in a separate process: it
-   imports numpy, onnxruntime and safetensors, not torch and not aot2onnx. Copy that file and the artifact
-   directory to a device and run the same command there.
-3. The trained state is loaded back into the PyTorch model, which writes a few characters.
+1. `aot2onnx.export_training` writes forward.onnx, backward.onnx, optimizer.onnx (AdamW with a warm-up and
+   cosine learning-rate schedule and gradient clipping), state.safetensors and signature.json (the format:
+   docs/artifact-format.md).
+2. The artifact is fine-tuned by `aot2onnx/runtime/edge.py` on the text this example ships, run as a plain
+   file in a separate process: it imports numpy, onnxruntime and safetensors, not torch and not aot2onnx.
+   Copy that file and the artifact directory to a device and run the same command there.
+3. `aot2onnx.load` reads the artifact back with the trained state, and its ONNX Runtime forward writes a few
+   characters.
 
     python examples/export_and_train_on_device.py [--steps 200] [--out /tmp/tiny_gpt_artifact]
 """
@@ -37,8 +39,9 @@ class LanguageModelLoss(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return lm_loss(self.model(tokens), targets)
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(tokens)
+        return lm_loss(logits, targets), logits  # the loss first; the logits are an output a device can read
 
 
 def windows(ids: np.ndarray, count: int, batch: int, context: int, rng: np.random.Generator) -> np.ndarray:
@@ -63,8 +66,10 @@ def main() -> None:
 
     # 1. Export, with an example batch smaller than the training batch: the batch is a symbolic dim.
     example = torch.from_numpy(windows(ids, 1, 4, args.context, np.random.default_rng(1))[0])
-    artifact = aot2onnx.export_training(module, (example[:, :-1], example[:, 1:]), out,
-                                        optimizer=aot2onnx.optim.AdamW(3e-3), progress=sys.stderr.write)
+    optimizer = aot2onnx.optim.AdamW(3e-3, schedule=aot2onnx.optim.WarmupCosine(args.steps // 10, args.steps),
+                                     max_grad_norm=1.0)
+    artifact = aot2onnx.export_training(module, (example[:, :-1], example[:, 1:]), out, optimizer=optimizer,
+                                        progress=sys.stderr.write)
     print(artifact.summary())
 
     # 2. Train without torch: the edge trainer's command line, in its own process.
@@ -78,16 +83,21 @@ def main() -> None:
     for line in lines[:: max(1, len(lines) // 10)] + lines[-1:]:
         print(" ", line)
 
-    # 3. Back in PyTorch: the trained parameters and buffers under the names they were exported with.
+    # 3. Back through aot2onnx.load: the artifact as a module, its forward on ONNX Runtime, with the trained
+    # state. The sequence length is the export's; attention is causal, so the logits at a position see
+    # nothing after it, and a prompt shorter than the context is padded at the end.
+    loaded = aot2onnx.load(out)
     state = safetensors.torch.load_file(str(final))
-    module.load_state_dict({name: tensor for name, tensor in state.items() if ":" not in name})
+    loaded.load_state_dict({name: state[name] for name in loaded.state_dict()})
     prompt = "Alice "
-    tokens = torch.tensor([[vocab.index(c) for c in prompt]])
+    tokens = [vocab.index(c) for c in prompt]
     with torch.no_grad():
         for _ in range(60):
-            logits = module.model(tokens[:, -args.context:])
-            tokens = torch.cat([tokens, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    print(f"\ngreedy sample after training: {''.join(vocab[i] for i in tokens[0].tolist())!r}")
+            window = tokens[-args.context:]
+            padded = torch.tensor([window + [0] * (args.context - len(window))])
+            _, logits = loaded(padded, padded)
+            tokens.append(int(logits[0, len(window) - 1].argmax()))
+    print(f"\ngreedy sample after training: {''.join(vocab[i] for i in tokens)!r}")
     print(f"artifact: {out}")
 
 
