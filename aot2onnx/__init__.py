@@ -16,7 +16,7 @@ from aot2onnx.errors import (
     RuntimeSessionError,
     UnsupportedOpError,
 )
-from aot2onnx.lower.registry import register_lowering
+from aot2onnx.lower.registry import register_lowering, scoped_lowerings, unregister_lowering
 from aot2onnx.options import Options
 from aot2onnx.runtime.loaded import load
 from aot2onnx.runtime.session import compiled_graphs, reset_compiled_graphs
@@ -50,4 +50,6 @@ __all__ = [
     "optim",
     "register_lowering",
     "reset_compiled_graphs",
+    "scoped_lowerings",
+    "unregister_lowering",
 ]

@@ -8,6 +8,8 @@ import tempfile
 import pytest
 import torch
 
+import aot2onnx
+
 # The suite runs what users run: the persistent cache is on (the default), in a directory of this test
 # session's own, so graphs lowered by one test are served to the next from disk as they are to a user's
 # second run, and the user's cache is left alone. Tests that need the cache off say so and why.
@@ -25,6 +27,13 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def _scoped_user_lowerings():
+    # A test's register_lowering calls end with it (rules registered when a test module is imported stay).
+    with aot2onnx.scoped_lowerings():
+        yield
 
 
 @pytest.fixture

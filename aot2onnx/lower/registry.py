@@ -7,15 +7,25 @@ torch_lib's trace-only functions are rules of exactly this kind, so both share o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["Rule", "Registry", "register_lowering", "default_registry", "user_rules", "Origin"]
+__all__ = [
+    "Origin",
+    "Registry",
+    "Rule",
+    "default_registry",
+    "register_lowering",
+    "scoped_lowerings",
+    "unregister_lowering",
+    "user_rules",
+]
 
 logger = logging.getLogger("aot2onnx")
 
@@ -98,10 +108,20 @@ _PROJECT_RULES: list[Rule] = []
 _USER_RULES: list[Rule] = []
 
 
-def _decorator(target: Target, opset: int, origin: str, rules: list[Rule]) -> Callable[[Callable], Callable]:
+def _decorator(
+    target: Target, opset: int, origin: str, rules: list[Rule], override: bool = False
+) -> Callable[[Callable], Callable]:
     _check_target(target)
 
     def decorate(function: Callable) -> Callable:
+        same = [r for r in rules if _key(r.target) == _key(target) and r.opset_introduced == opset]
+        if same and not override:
+            raise ValueError(
+                f"{target} already has the {origin} lowering {same[0].name} (opset {opset}); pass override=True "
+                f"to replace it{' (or use aot2onnx.scoped_lowerings() in tests)' if origin == Origin.USER else ''}"
+            )
+        for rule in same:
+            rules.remove(rule)
         rules.append(Rule(target, function, opset, origin))
         default_registry.cache_clear()  # the next compilation sees the new rule
         return function
@@ -110,11 +130,39 @@ def _decorator(target: Target, opset: int, origin: str, rules: list[Rule]) -> Ca
 
 
 def project_rule(target: Target, *, opset: int = 18) -> Callable[[Callable], Callable]:
-    """Decorator for the rules in ``aot2onnx.lower.ops``."""
+    """Decorator for the rules in ``aot2onnx.lower.ops``; a second rule for one overload is an error."""
     return _decorator(target, opset, Origin.PROJECT, _PROJECT_RULES)
 
 
-def register_lowering(target: Target, *, opset: int = 18) -> Callable[[Callable], Callable]:
+def unregister_lowering(target: Target) -> int:
+    """Removes the user lowerings of ``target``; returns how many there were."""
+    _check_target(target)
+    gone = [r for r in _USER_RULES if _key(r.target) == _key(target)]
+    for rule in gone:
+        _USER_RULES.remove(rule)
+    if gone:
+        default_registry.cache_clear()
+    return len(gone)
+
+
+@contextlib.contextmanager
+def scoped_lowerings() -> Iterator[None]:
+    """User lowerings registered inside the block are gone after it (and ones it replaced come back)::
+
+        with aot2onnx.scoped_lowerings():
+            aot2onnx.register_lowering(torch.ops.aten.gelu.default, override=True)(my_gelu)
+            ...
+    """
+    saved = list(_USER_RULES)
+    try:
+        yield
+    finally:
+        if _USER_RULES != saved:
+            _USER_RULES[:] = saved
+            default_registry.cache_clear()
+
+
+def register_lowering(target: Target, *, opset: int = 18, override: bool = False) -> Callable[[Callable], Callable]:
     """Registers a user lowering for ``target`` (an ``OpOverload``, e.g. a ``torch.library`` custom op).
 
     The decorated function takes the op's arguments in schema order: tensors arrive as ``onnx_ir`` values,
@@ -127,9 +175,11 @@ def register_lowering(target: Target, *, opset: int = 18) -> Callable[[Callable]
         def scaled_tanh(x, scale: float):
             return op.Mul(op.Tanh(x), op.CastLike(scale, x))
 
-    User rules take precedence over aot2onnx's and torch_lib's.
+    User rules take precedence over aot2onnx's and torch_lib's. Registering a second user rule for the same
+    overload and opset is an error unless ``override=True``; :func:`unregister_lowering` and
+    :func:`scoped_lowerings` remove them.
     """
-    return _decorator(target, opset, Origin.USER, _USER_RULES)
+    return _decorator(target, opset, Origin.USER, _USER_RULES, override)
 
 
 def user_rules() -> tuple[Rule, ...]:
