@@ -190,14 +190,15 @@ def user_rules() -> tuple[Rule, ...]:
 @functools.cache
 def _torchlib_rules() -> tuple[Rule, ...]:
     from onnxscript.function_libs.torch_lib import registration  # noqa: F401  (fills torch_lib's registry)
-    from torch.onnx._internal.exporter import _registration
+
+    from aot2onnx.lower import _exporter_compat as exporter
 
     # Silence the torchvision warnings: torchvision is not a dependency.
-    exporter_logger = logging.getLogger(_registration.__name__)
+    exporter_logger = logging.getLogger(exporter.registration_logger_name)
     level = exporter_logger.level
     exporter_logger.setLevel(logging.ERROR)
     try:
-        onnx_registry = _registration.ONNXRegistry.from_torchlib()
+        onnx_registry = exporter.ONNXRegistry.from_torchlib()
     finally:
         exporter_logger.setLevel(level)
     rules = []

@@ -1,6 +1,6 @@
 """FX ATen graph -> ONNX model.
 
-The traversal follows PyTorch's ONNX exporter (``torch.onnx._internal.exporter._core``) and reuses its
+The traversal follows PyTorch's ONNX exporter (its private ``_core`` module) and reuses its
 argument conversion and onnxscript op recorder, so torch_lib's rules run exactly as they do there. What
 differs is what AOTAutograd's graphs need: Python ints (symbolic sizes) as inputs and outputs, ``None``
 outputs, inputs returned as outputs, and one report of every unsupported op before anything is built.
@@ -22,9 +22,9 @@ from onnxscript import rewriter
 from onnxscript.optimizer import _constant_folding
 from onnxscript.rewriter.rules import common as rules
 from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.onnx._internal.exporter import _building, _core, _fx_passes, _ir_passes, _tensors
 
 from aot2onnx.errors import LoweringError, UnsupportedOpError
+from aot2onnx.lower import _exporter_compat as exporter
 from aot2onnx.lower.dispatch import dispatch, is_passthrough_getitem
 from aot2onnx.lower.registry import Registry, default_registry
 from aot2onnx.lower.seeds import draw_seeds
@@ -55,7 +55,7 @@ logger = logging.getLogger("aot2onnx")
 # the exporter warns for every node outside an nn.Module (any torch.compile'd function; the node still gets
 # its FX name and stack trace), and onnx_ir for a constant that is also a graph output.
 _EXPECTED_WARNINGS = {
-    _core.logger.name: "nn_module_stack not found",
+    exporter.core_logger_name: "nn_module_stack not found",
     "onnx_ir.passes.common.initializer_deduplication": "Skipped deduplication of initializer",
 }
 for _logger_name, _prefix in _EXPECTED_WARNINGS.items():
@@ -101,9 +101,9 @@ def _format_unsupported(missing: dict[str, list[tuple[torch.fx.Node, str]]], gra
 
 def _value_for_placeholder(node: torch.fx.Node, opset: onnxscript.values.Opset) -> ir.Value | None:
     val = node.meta.get("val")
-    value = _tensors.SymbolicTensor(opset, name=node.name)
+    value = exporter.SymbolicTensor(opset, name=node.name)
     if isinstance(val, torch.Tensor):
-        _core._set_shape_type(value, val, complex_to_float=True)
+        exporter.set_shape_type(value, val, complex_to_float=True)
     elif isinstance(val, (int, torch.SymInt)):
         value.dtype = ir.DataType.INT64
         value.shape = ir.Shape([])
@@ -141,14 +141,14 @@ def _lower_call(
             return arg  # an op passed to a higher-order op (with_effects); the exporter's converter rejects it
         if isinstance(arg, (list, tuple)):
             return [convert(a) for a in arg]
-        return _core._convert_fx_arg_to_onnx_arg(arg, values, {})
+        return exporter.convert_fx_arg_to_onnx_arg(arg, values, {})
 
     args = [convert(a) for a in node.args]
     kwargs = {k: convert(v) for k, v in node.kwargs.items()}
     if kwargs.get("dtype", 0) is None:
         kwargs["dtype"] = -1  # torch_lib's spelling of "no dtype given"
 
-    tracer = _building.OpRecorder(opset, constant_farm)
+    tracer = exporter.OpRecorder(opset, constant_farm)
     with onnxscript.evaluator.default_as(tracer):
         try:
             outputs = rule.function(*args, **kwargs)
@@ -179,22 +179,22 @@ def _lower_call(
         for i, (output, meta) in enumerate(zip(outputs, metas)):
             if output is None:
                 continue
-            _core._set_shape_type(output, meta, complex_to_float=True)
+            exporter.set_shape_type(output, meta, complex_to_float=True)
             output.name = f"{node.name}__{i}"
         values[node.name] = outputs
     else:
         outputs = own(outputs)
-        _core._set_shape_type(outputs, meta_val, complex_to_float=True)
+        exporter.set_shape_type(outputs, meta_val, complex_to_float=True)
         outputs.name = node.name
         values[node.name] = outputs
     for ir_node in tracer.nodes:
-        _core._set_node_metadata(node, ir_node)  # the exporter's provenance keys: FX node, stack, scope
+        exporter.set_node_metadata(node, ir_node)  # the exporter's provenance keys: FX node, stack, scope
     graph.extend(tracer.nodes)
 
 
 def _prepare(gm: torch.fx.GraphModule) -> None:
     # aten ops promote mixed dtypes implicitly; ONNX ops do not. The exporter's pass makes it explicit.
-    _fx_passes.insert_type_promotion_nodes(gm)
+    exporter.insert_type_promotion_nodes(gm)
 
 
 def lower_graph(
@@ -213,7 +213,7 @@ def lower_graph(
     """
     registry = registry or default_registry()
     # Runtime asserts (on symbolic sizes) have nothing to lower: drop them before looking for unsupported ops.
-    _fx_passes.remove_assertion_nodes(gm)
+    exporter.remove_assertion_nodes(gm)
     missing = unsupported_nodes(gm, registry, opset)
     if missing:
         raise UnsupportedOpError(_format_unsupported(missing, name))
@@ -244,8 +244,8 @@ def lower_graph(
             elif node.op == "get_attr":
                 tensor = getattr(gm, node.target)
                 value = ir.Value(name=node.name)
-                value.const_value = _core.TorchTensor(tensor, name=node.name)
-                _core._set_shape_type(value, tensor, complex_to_float=True)
+                value.const_value = exporter.TorchTensor(tensor, name=node.name)
+                exporter.set_shape_type(value, tensor, complex_to_float=True)
                 graph.initializers[node.name] = value
                 values[node.name] = value
             elif node.op == "call_function":
@@ -270,7 +270,7 @@ def lower_graph(
         if value.name not in used:
             graph.inputs.remove(value)
 
-    _ir_passes.add_opset_imports(model)
+    exporter.add_opset_imports(model)
     seed_random_ops(model)
     # Constants of the graph (get_attr) are real tensors; lowering runs under AOTAutograd's fake mode,
     # which refuses them when the optimizer or the serializer reads their data.

@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 import onnx_ir as ir
 import onnxscript
 from onnxscript import opset18 as op
-from torch.onnx._internal.exporter import _building
+
+from aot2onnx.lower import _exporter_compat as exporter
 
 __all__ = ["cond", "loop"]
 
@@ -17,7 +18,7 @@ _bodies = itertools.count()
 
 def _trace(body: Callable[[], Sequence[ir.Value]], prefix: str) -> ir.Graph:
     """The graph of the values ``body()`` returns, with no inputs of its own: it reads the enclosing graph's."""
-    recorder = _building.OpRecorder(onnxscript.evaluator.default().opset, {})
+    recorder = exporter.OpRecorder(onnxscript.evaluator.default().opset, {})
     with onnxscript.evaluator.default_as(recorder):
         results = body()
         outputs = [op.Identity(v) for v in results]
@@ -57,7 +58,7 @@ def loop(trip_count: int | ir.Value, carried: Sequence[ir.Value], body: Callable
     carried value must have its dtype set.
     """
     outer = onnxscript.evaluator.default()
-    recorder = _building.OpRecorder(outer.opset, {})
+    recorder = exporter.OpRecorder(outer.opset, {})
     counter = ir.Value(name=None, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
     condition = ir.Value(name=None, type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
     inputs = [ir.Value(name=None, type=ir.TensorType(v.dtype)) for v in carried]
