@@ -13,6 +13,7 @@ Cosh or Sinh, so those are written here from Exp, Log, Sin, Cos and erfcx.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -649,38 +650,148 @@ def legendre_p(x: D, n: D) -> D:
 # --- rules ---------------------------------------------------------------------------------------------
 
 
-def _register(function, *targets):
-    def rule(self):
-        return _lowered(function, self)
-
-    rule.__name__ = rule.__qualname__ = f"aten_{function.__name__}"
-    rule.__doc__ = "; ".join(str(t._schema) for t in targets)
-    for target in targets:
-        project_rule(target)(rule)
+@project_rule(aten.erfinv.default)
+@project_rule(prims.erf_inv.default)
+def aten_erfinv(self):
+    """aten::erfinv(Tensor self) -> Tensor; prims::erf_inv(Tensor self) -> Tensor"""
+    return _lowered(erfinv, self)
 
 
-_register(erfinv, aten.erfinv.default, prims.erf_inv.default)
-_register(ndtri, aten.special_ndtri.default, prims.ndtri.default)
-_register(log_ndtr, aten.special_log_ndtr.default)
-_register(erfcx, aten.special_erfcx.default, prims.erfcx.default)
-_register(lgamma, aten.lgamma.default, prims.lgamma.default)
-_register(digamma, aten.digamma.default, prims.digamma.default)
-_register(i0, aten.i0.default, prims.bessel_i0.default)
-_register(i0e, aten.special_i0e.default, prims.bessel_i0e.default)
-_register(i1, aten.special_i1.default, prims.bessel_i1.default)
-_register(i1e, aten.special_i1e.default, prims.bessel_i1e.default)
-_register(bessel_j0, aten.special_bessel_j0.default, prims.bessel_j0.default)
-_register(bessel_j1, aten.special_bessel_j1.default, prims.bessel_j1.default)
-_register(bessel_y0, aten.special_bessel_y0.default)
-_register(bessel_y1, aten.special_bessel_y1.default)
-_register(modified_bessel_i0, aten.special_modified_bessel_i0.default)
-_register(modified_bessel_i1, aten.special_modified_bessel_i1.default)
-_register(modified_bessel_k0, aten.special_modified_bessel_k0.default)
-_register(modified_bessel_k1, aten.special_modified_bessel_k1.default)
-_register(scaled_modified_bessel_k0, aten.special_scaled_modified_bessel_k0.default)
-_register(scaled_modified_bessel_k1, aten.special_scaled_modified_bessel_k1.default)
-_register(spherical_bessel_j0, aten.special_spherical_bessel_j0.default, prims.spherical_bessel_j0.default)
-_register(airy_ai, aten.special_airy_ai.default)
+@project_rule(aten.special_ndtri.default)
+@project_rule(prims.ndtri.default)
+def aten_ndtri(self):
+    """aten::special_ndtri(Tensor self) -> Tensor; prims::ndtri(Tensor self) -> Tensor"""
+    return _lowered(ndtri, self)
+
+
+@project_rule(aten.special_log_ndtr.default)
+def aten_log_ndtr(self):
+    """aten::special_log_ndtr(Tensor self) -> Tensor"""
+    return _lowered(log_ndtr, self)
+
+
+@project_rule(aten.special_erfcx.default)
+@project_rule(prims.erfcx.default)
+def aten_erfcx(self):
+    """aten::special_erfcx(Tensor self) -> Tensor; prims::erfcx(Tensor self) -> Tensor"""
+    return _lowered(erfcx, self)
+
+
+@project_rule(aten.lgamma.default)
+@project_rule(prims.lgamma.default)
+def aten_lgamma(self):
+    """aten::lgamma(Tensor self) -> Tensor; prims::lgamma(Tensor self) -> Tensor"""
+    return _lowered(lgamma, self)
+
+
+@project_rule(aten.digamma.default)
+@project_rule(prims.digamma.default)
+def aten_digamma(self):
+    """aten::digamma(Tensor self) -> Tensor; prims::digamma(Tensor self) -> Tensor"""
+    return _lowered(digamma, self)
+
+
+@project_rule(aten.i0.default)
+@project_rule(prims.bessel_i0.default)
+def aten_i0(self):
+    """aten::i0(Tensor self) -> Tensor; prims::bessel_i0(Tensor self) -> Tensor"""
+    return _lowered(i0, self)
+
+
+@project_rule(aten.special_i0e.default)
+@project_rule(prims.bessel_i0e.default)
+def aten_i0e(self):
+    """aten::special_i0e(Tensor self) -> Tensor; prims::bessel_i0e(Tensor self) -> Tensor"""
+    return _lowered(i0e, self)
+
+
+@project_rule(aten.special_i1.default)
+@project_rule(prims.bessel_i1.default)
+def aten_i1(self):
+    """aten::special_i1(Tensor self) -> Tensor; prims::bessel_i1(Tensor self) -> Tensor"""
+    return _lowered(i1, self)
+
+
+@project_rule(aten.special_i1e.default)
+@project_rule(prims.bessel_i1e.default)
+def aten_i1e(self):
+    """aten::special_i1e(Tensor self) -> Tensor; prims::bessel_i1e(Tensor self) -> Tensor"""
+    return _lowered(i1e, self)
+
+
+@project_rule(aten.special_bessel_j0.default)
+@project_rule(prims.bessel_j0.default)
+def aten_bessel_j0(self):
+    """aten::special_bessel_j0(Tensor self) -> Tensor; prims::bessel_j0(Tensor self) -> Tensor"""
+    return _lowered(bessel_j0, self)
+
+
+@project_rule(aten.special_bessel_j1.default)
+@project_rule(prims.bessel_j1.default)
+def aten_bessel_j1(self):
+    """aten::special_bessel_j1(Tensor self) -> Tensor; prims::bessel_j1(Tensor self) -> Tensor"""
+    return _lowered(bessel_j1, self)
+
+
+@project_rule(aten.special_bessel_y0.default)
+def aten_bessel_y0(self):
+    """aten::special_bessel_y0(Tensor self) -> Tensor"""
+    return _lowered(bessel_y0, self)
+
+
+@project_rule(aten.special_bessel_y1.default)
+def aten_bessel_y1(self):
+    """aten::special_bessel_y1(Tensor self) -> Tensor"""
+    return _lowered(bessel_y1, self)
+
+
+@project_rule(aten.special_modified_bessel_i0.default)
+def aten_modified_bessel_i0(self):
+    """aten::special_modified_bessel_i0(Tensor self) -> Tensor"""
+    return _lowered(modified_bessel_i0, self)
+
+
+@project_rule(aten.special_modified_bessel_i1.default)
+def aten_modified_bessel_i1(self):
+    """aten::special_modified_bessel_i1(Tensor self) -> Tensor"""
+    return _lowered(modified_bessel_i1, self)
+
+
+@project_rule(aten.special_modified_bessel_k0.default)
+def aten_modified_bessel_k0(self):
+    """aten::special_modified_bessel_k0(Tensor self) -> Tensor"""
+    return _lowered(modified_bessel_k0, self)
+
+
+@project_rule(aten.special_modified_bessel_k1.default)
+def aten_modified_bessel_k1(self):
+    """aten::special_modified_bessel_k1(Tensor self) -> Tensor"""
+    return _lowered(modified_bessel_k1, self)
+
+
+@project_rule(aten.special_scaled_modified_bessel_k0.default)
+def aten_scaled_modified_bessel_k0(self):
+    """aten::special_scaled_modified_bessel_k0(Tensor x) -> Tensor"""
+    return _lowered(scaled_modified_bessel_k0, self)
+
+
+@project_rule(aten.special_scaled_modified_bessel_k1.default)
+def aten_scaled_modified_bessel_k1(self):
+    """aten::special_scaled_modified_bessel_k1(Tensor x) -> Tensor"""
+    return _lowered(scaled_modified_bessel_k1, self)
+
+
+@project_rule(aten.special_spherical_bessel_j0.default)
+@project_rule(prims.spherical_bessel_j0.default)
+def aten_spherical_bessel_j0(self):
+    """aten::special_spherical_bessel_j0(Tensor x) -> Tensor; prims::spherical_bessel_j0(Tensor self) -> Tensor"""
+    return _lowered(spherical_bessel_j0, self)
+
+
+@project_rule(aten.special_airy_ai.default)
+def aten_airy_ai(self):
+    """aten::special_airy_ai(Tensor x) -> Tensor"""
+    return _lowered(airy_ai, self)
 
 
 @project_rule(aten.polygamma.default)
@@ -718,22 +829,64 @@ def prims_zeta(self, other):
     return _zeta_rule(self, other)
 
 
-def _polynomial_rule(target, function):
-    def rule(x, n):
-        return _lowered(function, x, n)
-
-    rule.__name__ = rule.__qualname__ = f"aten_{target._schema.name.split('::')[1]}"
-    rule.__doc__ = str(target._schema)
-    project_rule(target)(rule)
+@project_rule(aten.special_chebyshev_polynomial_t.default)
+def aten_special_chebyshev_polynomial_t(x, n):
+    """aten::special_chebyshev_polynomial_t(Tensor x, Tensor n) -> Tensor"""
+    return _lowered(functools.partial(_chebyshev, "t", shifted=False), x, n)
 
 
-for _kind in "tuvw":
-    _polynomial_rule(getattr(aten, f"special_chebyshev_polynomial_{_kind}").default,
-                     lambda x, n, kind=_kind: _chebyshev(kind, x, n, shifted=False))
-    _polynomial_rule(getattr(aten, f"special_shifted_chebyshev_polynomial_{_kind}").default,
-                     lambda x, n, kind=_kind: _chebyshev(kind, x, n, shifted=True))
-_polynomial_rule(aten.special_laguerre_polynomial_l.default, laguerre_l)
-_polynomial_rule(aten.special_legendre_polynomial_p.default, legendre_p)
+@project_rule(aten.special_shifted_chebyshev_polynomial_t.default)
+def aten_special_shifted_chebyshev_polynomial_t(x, n):
+    """aten::special_shifted_chebyshev_polynomial_t(Tensor x, Tensor n) -> Tensor"""
+    return _lowered(functools.partial(_chebyshev, "t", shifted=True), x, n)
+
+
+@project_rule(aten.special_chebyshev_polynomial_u.default)
+def aten_special_chebyshev_polynomial_u(x, n):
+    """aten::special_chebyshev_polynomial_u(Tensor x, Tensor n) -> Tensor"""
+    return _lowered(functools.partial(_chebyshev, "u", shifted=False), x, n)
+
+
+@project_rule(aten.special_shifted_chebyshev_polynomial_u.default)
+def aten_special_shifted_chebyshev_polynomial_u(x, n):
+    """aten::special_shifted_chebyshev_polynomial_u(Tensor x, Tensor n) -> Tensor"""
+    return _lowered(functools.partial(_chebyshev, "u", shifted=True), x, n)
+
+
+@project_rule(aten.special_chebyshev_polynomial_v.default)
+def aten_special_chebyshev_polynomial_v(x, n):
+    """aten::special_chebyshev_polynomial_v(Tensor x, Tensor n) -> Tensor"""
+    return _lowered(functools.partial(_chebyshev, "v", shifted=False), x, n)
+
+
+@project_rule(aten.special_shifted_chebyshev_polynomial_v.default)
+def aten_special_shifted_chebyshev_polynomial_v(x, n):
+    """aten::special_shifted_chebyshev_polynomial_v(Tensor x, Tensor n) -> Tensor"""
+    return _lowered(functools.partial(_chebyshev, "v", shifted=True), x, n)
+
+
+@project_rule(aten.special_chebyshev_polynomial_w.default)
+def aten_special_chebyshev_polynomial_w(x, n):
+    """aten::special_chebyshev_polynomial_w(Tensor x, Tensor n) -> Tensor"""
+    return _lowered(functools.partial(_chebyshev, "w", shifted=False), x, n)
+
+
+@project_rule(aten.special_shifted_chebyshev_polynomial_w.default)
+def aten_special_shifted_chebyshev_polynomial_w(x, n):
+    """aten::special_shifted_chebyshev_polynomial_w(Tensor x, Tensor n) -> Tensor"""
+    return _lowered(functools.partial(_chebyshev, "w", shifted=True), x, n)
+
+
+@project_rule(aten.special_laguerre_polynomial_l.default)
+def aten_special_laguerre_polynomial_l(x, n):
+    """aten::special_laguerre_polynomial_l(Tensor x, Tensor n) -> Tensor"""
+    return _lowered(laguerre_l, x, n)
+
+
+@project_rule(aten.special_legendre_polynomial_p.default)
+def aten_special_legendre_polynomial_p(x, n):
+    """aten::special_legendre_polynomial_p(Tensor x, Tensor n) -> Tensor"""
+    return _lowered(legendre_p, x, n)
 
 
 @project_rule(aten.special_hermite_polynomial_h.default)
