@@ -58,7 +58,12 @@ def test_quick_bench_report_structure(tmp_path):
     assert breakdown["ort_calls_per_step"] == 2
     parts = dict(breakdown["parts"])
     assert len(parts) == 6
-    assert abs(sum(parts.values()) - breakdown["step_s"]) <= 0.02 * breakdown["step_s"]
+    # The last part is the step's remainder, so the parts add up by construction; what can go wrong is a
+    # measured part larger than the step it is part of (a remainder far below zero). "ONNX Runtime outside
+    # kernels" is the session's time less the profiler's kernel time, two clocks: it can dip a few
+    # microseconds below zero on a tiny model, hence the margin.
+    assert all(seconds >= -0.05 * breakdown["step_s"] for seconds in parts.values()), parts
+    assert breakdown["kernel_s"] <= breakdown["step_s"], breakdown
 
     for text in ("## Summary", "## Targets", "## Per model", "### tiny", "#### Where aot2onnx's step goes",
                  "ONNX Runtime kernels (profiler)", "hand-off torch <-> ORT", "AOTAutograd wrappers",
