@@ -399,6 +399,62 @@ def test_cross_entropy_inside_the_graph(name):
     _check_fn(LOSSES[name], torch.randn(6, 5), torch.tensor([0, 4, 2, 2, 1, 3]))
 
 
+# (indices, offsets) with an empty bag inside, empty bags at the end, and a bag of padding indices only.
+_BAGS = [([5, 1, 5, 2, 0, 5, 3], [0, 2, 2, 4]), ([1, 4, 2, 2, 3], [0, 0, 2, 5, 5]), ([2, 2, 1, 4], [0, 2])]
+
+
+@pytest.mark.parametrize("include_last_offset", [False, True])
+@pytest.mark.parametrize("padding_idx", [-1, 2])
+@pytest.mark.parametrize("mode", [0, 1, 2], ids=["sum", "mean", "max"])
+def test_embedding_bag_gives_atens_four_outputs(mode, padding_idx, include_last_offset):
+    # _embedding_bag_backward reads offset2bag, bag_size and max_indices from the forward: torch_lib's zeros
+    # for them made every mean and max gradient, and every gradient with a padding index, wrong.
+    weight = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    weight[4] = weight[1]  # equal rows: max_indices names the first of them in the bag
+    args = []
+    for ids, offsets in _BAGS:
+        args += [torch.tensor(ids), torch.tensor(offsets + [len(ids)] if include_last_offset else offsets)]
+    psw = torch.rand(len(_BAGS[0][0]), generator=torch.Generator().manual_seed(1)) if mode == 0 else None
+
+    def bags(weight, *args):
+        out = []
+        for k in range(0, len(args), 2):
+            scale = psw if k == 0 else None
+            out += torch.ops.aten._embedding_bag(weight, args[k], args[k + 1], False, mode, False, scale,
+                                                 include_last_offset, padding_idx)
+        return out
+
+    aot2onnx.reset_compiled_graphs()
+    compiled = torch.compile(bags, backend="aot2onnx", fullgraph=True)(weight, *args)
+    for i, (c, e) in enumerate(zip(compiled, bags(weight, *args))):
+        torch.testing.assert_close(c, e, rtol=RTOL, atol=ATOL, msg=lambda m, i=i: f"output {i}: {m}")
+    assert aot2onnx.compiled_graphs()
+
+
+class _Bags(torch.nn.Module):
+    def __init__(self, mode: str, padding_idx: int | None):
+        super().__init__()
+        self.bag = torch.nn.EmbeddingBag(10, 4, mode=mode, padding_idx=padding_idx)
+        self.out = torch.nn.Linear(4, 3)
+
+    def forward(self, ids, offsets):
+        return self.out(self.bag(ids, offsets))
+
+
+@pytest.mark.parametrize("mode, padding_idx", [("mean", None), ("max", None), ("sum", 0), ("mean", 0), ("max", 0)])
+def test_embedding_bag_trains_like_eager(mode, padding_idx):
+    from aot2onnx.fallback import fallback_graphs
+    from aot2onnx.testing import assert_parity
+
+    ids = torch.tensor([3, 0, 7, 7, 1, 0, 0, 9, 2, 5])
+    offsets = torch.tensor([0, 3, 3, 5, 7])  # an empty bag, and one of padding only where padding_idx=0
+    with pytest.warns(UserWarning, match="_embedding_bag_backward"):
+        assert_parity(lambda: _Bags(mode, padding_idx), (ids, offsets), loss_fn=lambda y: y.square().mean(), steps=2,
+                      allow_fallback=True)
+    # The backward has no lowering: PyTorch's kernel runs it, from the forward's outputs on ONNX Runtime.
+    assert {t for g in fallback_graphs() for t in g.fallen_back} == {"aten._embedding_bag_backward.default"}
+
+
 def _random_conv_case(rng):
     spatial = rng.choice([1, 2, 2, 3])
     groups = rng.choice([1, 1, 2, 3])

@@ -6,6 +6,7 @@ import numpy as np
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
+from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
 from aot2onnx.lower.registry import project_rule
 
@@ -189,3 +190,59 @@ def aten_unique_consecutive(self, return_inverse: bool = False, return_counts: b
     else:
         counts = op.Identity(empty)
     return values, inverse, counts
+
+
+_SUM, _MEAN, _MAX = 0, 1, 2  # embedding_bag's modes
+
+
+@project_rule(aten._embedding_bag.default)
+def aten_embedding_bag(weight, indices, offsets, scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
+                       per_sample_weights=None, include_last_offset: bool = False, padding_idx: int = -1):
+    """_embedding_bag(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)"""
+    # torch_lib computes the bags and returns zeros for offset2bag, bag_size and max_indices. The backward,
+    # _embedding_bag_backward (PyTorch's kernel, behind the fallback), reads them: every mean and max
+    # gradient, and every gradient with a padding_idx, came out wrong. The bags stay torch_lib's; the other
+    # three are ATen's CPU values, in the shapes of its meta function.
+    output = torchlib_core.aten_embedding_bag_padding_idx(
+        weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset,
+        padding_idx if padding_idx >= 0 else None,
+    )[0]
+    i64 = ir.DataType.INT64
+    zero, one = op.Constant(value_ints=[0]), op.Constant(value_ints=[1])
+    index, bounds = op.Cast(indices, to=i64), op.Cast(offsets, to=i64)
+    n = op.Shape(index)
+    starts = op.Slice(bounds, zero, op.Constant(value_ints=[-1])) if include_last_offset else bounds
+    ends = op.Concat(op.Slice(starts, one, op.Constant(value_ints=[2**62])), n, axis=0)
+    # offset2bag[i] is the bag of index i: a 1 where each bag starts (an empty bag's start is shared with the
+    # next), summed up. One slot more, for bags that start at the end.
+    marks = op.ScatterElements(op.Expand(zero, op.Add(n, one)), starts, op.Expand(one, op.Shape(starts)),
+                               reduction="add")
+    offset2bag = op.Sub(op.CumSum(op.Slice(marks, zero, n), op.Constant(value_int=0)), one)
+    # A bag's size counts its indices other than padding_idx.
+    kept = op.Not(op.Equal(index, op.Constant(value_int=padding_idx))) if padding_idx >= 0 else None
+    if kept is None:
+        bag_size = op.Sub(ends, starts)
+    else:
+        before = op.Concat(zero, op.CumSum(op.Cast(kept, to=i64), op.Constant(value_int=0)), axis=0)
+        bag_size = op.Sub(op.Gather(before, ends), op.Gather(before, starts))
+    if mode == _MAX:
+        # The first index in the bag (a padding index never) whose row holds the bag's maximum, per column;
+        # 0 for an empty bag. Positions are compared, n stands for none.
+        rows = op.Gather(weight, index, axis=0)
+        hit = op.Equal(rows, op.Gather(output, offset2bag, axis=0))
+        if kept is not None:
+            hit = op.And(hit, op.Unsqueeze(kept, one))
+        positions = op.Range(op.Constant(value_int=0), op.Squeeze(n), op.Constant(value_int=1))
+        position = op.Where(hit, op.Unsqueeze(positions, one), n)
+        first = op.ScatterND(op.Expand(n, op.Shape(output)), op.Unsqueeze(offset2bag, one), position, reduction="min")
+        max_indices = op.Gather(op.Concat(index, zero, axis=0), first, axis=0)
+    elif mode == _MEAN:
+        max_indices = bag_size  # ATen hands bag_size out twice for means
+    else:
+        # Sums need neither: ATen leaves both zero.
+        bag_size = max_indices = op.Expand(zero, op.Shape(starts))
+        fast_path = weight.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16) and padding_idx < 0
+        if fast_path:
+            # ATen's fast path for sums leaves offset2bag empty (its backward makes its own).
+            offset2bag = op.Slice(offset2bag, zero, zero)
+    return (output, *(op.CastLike(x, offsets) for x in (offset2bag, bag_size, max_indices)))
