@@ -4,21 +4,22 @@ back to PyTorch is exactly its entry in ``zoo.FALLBACKS``."""
 from __future__ import annotations
 
 import pytest
-import torch
 import zoo
 from torch._dynamo.utils import counters
 
 
 def _param(member: zoo.Member):
-    marks = [pytest.mark.slow] if member.slow else []
-    if member.xfail:
-        marks.append(pytest.mark.xfail(reason=member.xfail, strict=True))
-    return pytest.param(member, id=member.name, marks=marks)
+    return pytest.param(member, id=member.name, marks=[pytest.mark.slow] if member.slow else [])
 
 
 @pytest.mark.parametrize("member", [_param(m) for m in zoo.MEMBERS])
 def test_member_trains_like_eager(member: zoo.Member):
     counters.clear()
+    if member.xfail:
+        # Strict: a pass fails here, and so does an error other than the one expected.
+        with pytest.raises(Exception, match=member.xfail_match):
+            zoo.check(member)
+        pytest.xfail(member.xfail)
     fallen_back = zoo.check(member)
     assert fallen_back == zoo.FALLBACKS[member.name], (
         f"ops that fell back to PyTorch changed: {sorted(fallen_back)}; the table says "
@@ -36,11 +37,12 @@ def test_the_zoo_covers_the_architectures_it_promises():
     for m in zoo.MEMBERS:
         assert m.tol == (1e-4, 1e-5) or m.tol_reason, f"{m.name}: a looser tolerance says why"
         assert not m.torch_compute or zoo.FALLBACKS[m.name], f"{m.name}: only a fallback runs model compute in torch"
+        assert bool(m.xfail) == bool(m.xfail_match), f"{m.name}: an expected failure has a reason and a match"
 
 
-def test_report_prints_a_row_per_member(capsys):
-    member = next(m for m in zoo.MEMBERS if m.name == "resnet")
-    row = zoo.report_row(member, steps=3)
-    assert row["member"] == "resnet" and row["fallbacks"] == []
-    assert row["loss_diff"] < 1e-4 and row["grad_diff"] < 1e-4 and row["ratio"] > 0
-    assert torch.isfinite(torch.tensor(row["ratio"]))
+def test_report_row():
+    row = zoo.report_row(next(m for m in zoo.MEMBERS if m.name == "dlrm"), steps=3)
+    assert row["member"] == "dlrm" and row["fallbacks"] == ["aten._embedding_bag_backward.default"]
+    assert row["loss_diff"] < 1e-5 and row["grad_diff"] < 1e-5
+    assert row["loss_floor"] is not None and row["grad_floor"] is not None
+    assert row["eager_ms"] > 0 and row["compiled_ms"] > 0  # reported, never asserted on

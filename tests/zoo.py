@@ -53,7 +53,10 @@ class Member:
     tol_reason: str = ""
     slow: bool = False
     allow_rnn: bool = False
-    xfail: str = ""  # a strict expected failure, with the precise reason
+    # A strict expected failure: the precise reason, and a regular expression the error must match (another
+    # error fails the test, and so does a pass).
+    xfail: str = ""
+    xfail_match: str = ""
     # Why torch itself runs model compute (matmuls, convolutions, ...) in a compiled step, if it does: then
     # assert_parity's check for that is off. Only an op that falls back can make it so.
     torch_compute: str = ""
@@ -306,16 +309,37 @@ def _unet_data(step: int) -> tuple[tuple, Any]:
 
 
 class RecurrentLM(nn.Module):
-    def __init__(self, cell: str) -> None:
+    """Embedding, a 2-layer LSTM or GRU, a linear head: next-token logits (a tagger's, bidirectional)."""
+
+    def __init__(self, cell: str, bidirectional: bool = False) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, 32)
         rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[cell]
-        self.rnn = rnn(32, 48, num_layers=2, batch_first=True)
-        self.head = nn.Linear(48, VOCAB)
+        self.rnn = rnn(32, 48, num_layers=2, batch_first=True, bidirectional=bidirectional)
+        self.head = nn.Linear(96 if bidirectional else 48, VOCAB)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out, _ = self.rnn(self.embed(ids))
         return self.head(out)
+
+
+class BiLSTMClassifier(nn.Module):
+    """A sequence classifier over input features (audio frames, sensor readings): a 2-layer bidirectional
+    LSTM, mean over time, a linear head."""
+
+    def __init__(self, features: int = 16, classes: int = 5) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(features, 32, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(64, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(x)
+        return self.head(out.mean(dim=1))
+
+
+def _features_data(step: int) -> tuple[tuple, Any]:
+    g = _gen(12000 + step)
+    return (torch.randn(3, 10, 16, generator=g),), torch.randint(0, 5, (3,), generator=g)
 
 
 def _rnn_data(step: int) -> tuple[tuple, Any]:
@@ -405,6 +429,11 @@ def _pixels_and_labels(batch: int, size: int, classes: int, seed: int) -> Callab
     return pixels_and_labels
 
 
+def _audio_data(step: int) -> tuple[tuple, Any]:
+    g = _gen(11000 + step)
+    return (torch.randn(2, 400, generator=g), torch.randint(0, 3, (2,), generator=g)), None
+
+
 def _whisper_data(step: int) -> tuple[tuple, Any]:
     g = _gen(8000 + step)
     # input_features [batch, mel bins, frames]: Whisper wants frames = 2 * max_source_positions
@@ -436,7 +465,7 @@ MEMBERS: list[Member] = [
         _hf("MixtralForCausalLM", "MixtralConfig", _LM_KEYS, "sdpa", num_key_value_heads=2, num_local_experts=4,
             num_experts_per_tok=2, head_dim=8, router_jitter_noise=0.0, experts_implementation="batched_mm",
             **_TINY_DECODER),
-        _causal_lm_data(2, 12, 5), _loss_attr,
+        _causal_lm_data(2, 12, 5), _loss_attr, slow=True,
     ),
     Member(  # transformers' default experts implementation: under Dynamo with float32 weights it calls its
         # custom op transformers::grouped_mm_fallback (a Python loop over experts), which has no lowering
@@ -487,6 +516,20 @@ MEMBERS: list[Member] = [
             attention_probs_dropout_prob=0.0, pooler_dropout=0.0, relative_attention=True, position_buckets=8,
             max_relative_positions=16, pos_att_type=["p2c", "c2p"]),
         _bert_without_labels, _logits_cross_entropy, slow=True,
+    ),
+    Member(  # a convolutional feature encoder (GroupNorm, GELU), a weight-normed positional convolution
+        "wav2vec2", "encoder",
+        _hf("Wav2Vec2ForSequenceClassification", "Wav2Vec2Config", ("input_values", "labels"), vocab_size=VOCAB,
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16, 16),
+            conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4,
+            num_labels=3, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0,
+            final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0, mask_feature_prob=0.0),
+        _audio_data, _loss_attr, slow=True,
+        xfail="Dynamo graph-breaks in transformers' Wav2Vec2 code (a `lock` context manager, ContextVar.get, "
+              "hooks registered during the call, setattr of requires_grad in the feature encoder) and runs the "
+              "encoder layers in eager PyTorch; nothing to lower there. (weight_norm's backward, "
+              "_weight_norm_interface_backward, also has no lowering and falls back)",
+        xfail_match="torch itself ran model compute during a compiled step",
     ),
     # Encoder-decoders
     Member(  # relative attention buckets, RMS layer norm, labels shifted into decoder inputs
@@ -546,6 +589,16 @@ MEMBERS: list[Member] = [
     # Recurrent language models, written here
     Member("lstm_lm", "recurrent LM", lambda: RecurrentLM("lstm"), _rnn_data, _lm_loss, allow_rnn=True),
     Member("gru_lm", "recurrent LM", lambda: RecurrentLM("gru"), _rnn_data, _lm_loss, allow_rnn=True, slow=True),
+    Member("bilstm_tagger", "recurrent LM", lambda: RecurrentLM("lstm", bidirectional=True), _rnn_data, _lm_loss,
+           allow_rnn=True, slow=True),
+    Member(
+        "bilstm_on_features", "recurrent", BiLSTMClassifier, _features_data, _cross_entropy, allow_rnn=True,
+        slow=True,
+        xfail="PyTorch 2.13: where a bidirectional nn.LSTM's input needs no gradient (features, not an "
+              "embedding), AOTAutograd's forward graph saves None for the backward and its runtime wrapper "
+              "asserts on it; backend='aot_eager' fails the same way (bilstm_tagger, on an embedding, trains)",
+        xfail_match="expected all tensors_saved_with_vc_check to be Tensors",
+    ),
     # A recommender, written here
     Member("dlrm", "recommender", TinyDLRM, _dlrm_data, _bce),
 ]
@@ -570,6 +623,7 @@ _FALLBACK_PAIRS: list[tuple[str, frozenset[str]]] = [
     ("gpt_neox_partial_rotary", frozenset()),
     ("bert_seq_cls", frozenset()),
     ("deberta_v2", frozenset()),
+    ("wav2vec2", frozenset({"aten._weight_norm_interface_backward.default"})),  # not checked while it fails
     ("t5", frozenset()),
     ("bart", frozenset()),
     ("whisper", frozenset()),
@@ -582,6 +636,8 @@ _FALLBACK_PAIRS: list[tuple[str, frozenset[str]]] = [
     ("unet_block_bilinear", frozenset()),
     ("lstm_lm", frozenset()),
     ("gru_lm", frozenset()),
+    ("bilstm_tagger", frozenset()),
+    ("bilstm_on_features", frozenset()),
     # No lowering for EmbeddingBag's backward; PyTorch's kernel reads the forward's offset2bag, bag_size and
     # max_indices, computed on ONNX Runtime
     ("dlrm", frozenset({"aten._embedding_bag_backward.default"})),
@@ -697,7 +753,7 @@ def report_rows(members: list[Member], steps: int = 8) -> Iterator[dict[str, Any
         try:
             yield report_row(member, steps)
         except Exception as e:  # noqa: BLE001 - a row says what failed; the table goes on
-            yield {"member": member.name, "family": member.family, "error": f"{type(e).__name__}: {e}"[:300]}
+            yield {"member": member.name, "family": member.family, "error": f"{type(e).__name__}: {e}"[:160]}
 
 
 def _load() -> str:
