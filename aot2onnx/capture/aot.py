@@ -19,6 +19,7 @@ from unittest import mock
 import torch
 import torch._functorch.config
 import torch.fx
+from torch._dynamo.utils import counters
 from torch._functorch._aot_autograd import autograd_cache
 from torch._functorch._aot_autograd.autograd_cache import (
     AOTAUTOGRAD_CACHE_PREFIX,
@@ -128,6 +129,13 @@ def capture(
     authenticate is never unpickled.
     """
     start = time.perf_counter()
+    # Counted as every AOTAutograd backend of torch counts itself (torch._dynamo.backends.common): Dynamo's
+    # DDPOptimizer, which calls this backend once per DDP bucket, reads the count to learn that the bucket
+    # went through AOTAutograd. Only then does it record the bucket's metadata (which a backward compiled
+    # lazily reads: "expected same # of fw and bw compiles, but found bucket -1" without it) and call the
+    # compiled bucket for the next bucket's example inputs; AOTAutograd's first call of it returns fake
+    # tensors for that (fakify_first_call), which otherwise reached the user's first real step instead.
+    counters["aot_autograd"]["total"] += 1
 
     def compiler(kind: GraphKind, graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable:
         # Forward and inference graphs come out of the joint trace: its time is the capture time. The
@@ -200,6 +208,12 @@ def _cache_key(
 ) -> tuple[str, list[str]]:
     """Stands in for ``autograd_cache.autograd_cache_key`` in our captures (same safety checks, our details)."""
     gm = mod.gm if isinstance(mod, torch._dynamo.utils.GmWrapper) else mod
+    tracing_context = torch._guards.TracingContext.try_get()
+    if tracing_context is not None and tracing_context.fakify_first_call:
+        # DDPOptimizer's buckets: their first call must return fake tensors, which AOTAutograd arranges
+        # only on a fresh compile (its FakifiedOutWrapper is not rebuilt from an entry). torch's own key
+        # function refuses these graphs for the same reason; the graph cache still serves them.
+        raise BypassAOTAutogradCache("a DDPOptimizer bucket (fakify_first_call) is compiled afresh")
     with sanitize_gm_for_cache(gm):
         for module in gm.modules():
             if isinstance(module, torch.fx.GraphModule):
