@@ -9,7 +9,7 @@ import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -29,7 +29,7 @@ from aot2onnx.cache import (
 from aot2onnx.capture import GraphKind, capture, decomposition_table
 from aot2onnx.capture.fastpath import FASTPATH_DECOMPOSITIONS
 from aot2onnx.errors import LoweringError, RuntimeSessionError, UnsupportedOpError
-from aot2onnx.fallback import FallbackGraph, split_unsupported, unsupported_targets
+from aot2onnx.fallback import FallbackGraph, blamed_nodes, split_unsupported, unsupported_targets
 from aot2onnx.lower.registry import default_registry, user_rules
 from aot2onnx.lower.seeds import reseed
 from aot2onnx.options import Options
@@ -202,36 +202,97 @@ def _compile_graph(
     cache: GraphCache | None,
     capture_s: float,
 ) -> tuple[OrtGraph | FallbackGraph, str | None]:
-    """The graph's runner, and its key in the graph cache (``None`` where the cache cannot make it again)."""
+    """The graph's runner, and its key in the graph cache (``None`` where the cache cannot make it again).
+
+    With ``options.fallback``, what ONNX Runtime cannot run goes to PyTorch: nodes without a lowering, and
+    nodes whose lowering or session failed (see ``aot2onnx.fallback``), after PyTorch's own error is raised
+    where PyTorch refuses a node too.
+    """
     start = time.perf_counter()
-    key = graph_key(graph, opset=options.opset, rules=list(user_rules())) if cache is not None else None
-    cached = cache.load(key) if cache is not None else None
+    key, cached = _lookup(graph, options, cache)
+    # Only whole lowerings are stored, so a hit needs neither the registry nor the check for unsupported ops.
+    if cached is None and options.fallback and unsupported_targets(graph, default_registry(), options.opset):
+        return _split(graph, name, kind, device, options, cache, capture_s, None), None
+    try:
+        return _compile_whole(graph, name, kind, device, options, cache, capture_s, key, cached, start)
+    except (LoweringError, RuntimeSessionError) as e:
+        if not options.fallback or isinstance(e, UnsupportedOpError):
+            raise
+        _raise_torch_refusal(graph, e, blamed_nodes(graph, e))
+        return _split(graph, name, kind, device, options, cache, capture_s, e), None
+
+
+def _lookup(graph: torch.fx.GraphModule, options: Options, cache: GraphCache | None) -> tuple[str | None, Any]:
+    if cache is None:
+        return None, None
+    key = graph_key(graph, opset=options.opset, rules=list(user_rules()))
+    return key, cache.load(key)
+
+
+def _split(
+    graph: torch.fx.GraphModule,
+    name: str,
+    kind: GraphKind,
+    device: torch.device,
+    options: Options,
+    cache: GraphCache | None,
+    capture_s: float,
+    failure: Exception | None,
+) -> FallbackGraph:
+    """``graph`` split around what ONNX Runtime cannot run: its nodes without a lowering, and, where lowering or
+    starting the whole graph failed with ``failure``, the nodes that error names."""
+
+    def compile_partition(partition: torch.fx.GraphModule, partition_name: str) -> OrtGraph:
+        start = time.perf_counter()
+        key, cached = _lookup(partition, options, cache)
+        try:
+            return _compile_whole(
+                partition, partition_name, kind, device, options, cache, capture_s, key, cached, start
+            )[0]
+        except (LoweringError, RuntimeSessionError) as e:
+            # PyTorch refuses the node ONNX Runtime refused: its error, as eager raises it.
+            _raise_torch_refusal(partition, e, blamed_nodes(partition, e))
+            raise  # the fallback runs the partition's nodes in PyTorch
+
+    return split_unsupported(
+        graph, name=name, registry=default_registry(), opset=options.opset, compile_partition=compile_partition,
+        failure=failure,
+    )
+
+
+def _compile_whole(
+    graph: torch.fx.GraphModule,
+    name: str,
+    kind: GraphKind,
+    device: torch.device,
+    options: Options,
+    cache: GraphCache | None,
+    capture_s: float,
+    key: str | None,
+    cached: CachedGraph | None,
+    start: float,
+) -> tuple[OrtGraph, str | None]:
+    """The graph lowered whole (or loaded from the cache) and its session, with its key where the cache holds
+    it; raises where the lowering or the session fails."""
     if cached is not None:
         return _start_cached(cached, name, kind, device, options, capture_s, start, "cache hit"), key
     from aot2onnx.lower.translate import lower_graph
 
-    registry = default_registry()
-    if options.fallback and unsupported_targets(graph, registry, options.opset):
-        def compile_partition(partition: torch.fx.GraphModule, partition_name: str) -> OrtGraph:
-            return _compile_graph(partition, partition_name, kind, device, options, cache, capture_s)[0]
-
-        split = split_unsupported(
-            graph, name=name, registry=registry, opset=options.opset, compile_partition=compile_partition
-        )
-        return split, None
-    lowered = lower_graph(graph, name=name, opset=options.opset, registry=registry)
+    lowered = lower_graph(graph, name=name, opset=options.opset, registry=default_registry())
     if options.check_model:
         try:
             onnx.checker.check_model(lowered.model)
         except onnx.checker.ValidationError as e:
             raise LoweringError(f"the lowered model of graph {name!r} fails onnx.checker: {e}") from e
     require_runnable(lowered.model, options.opset, name)
+    lower_s = time.perf_counter() - start
+    runner = _start_session(lowered, name, kind, device, options, capture_s, lower_s, "lowered")
+    # Stored once ONNX Runtime has made a session of it: a model it refuses is not served to the next process.
     stored = (
         cache is not None
         and _storable(graph, name)
         and cache.store(key, lowered.model.SerializeToString(), lowered.signature, lowered.fx_node_count)
     )
-    runner = _start_session(lowered, name, kind, device, options, capture_s, time.perf_counter() - start, "lowered")
     return runner, key if stored else None
 
 
@@ -291,15 +352,23 @@ def _start_session(
 # PyTorch's own error for a graph that ONNX Runtime (or a lowering rule) refused
 
 
-def _raise_torch_refusal(graph: torch.fx.GraphModule, error: Exception) -> None:
-    """Raises the error PyTorch's kernels give for the first node of ``graph`` they refuse, if any.
+def _raise_torch_refusal(
+    graph: torch.fx.GraphModule, error: Exception, nodes: Collection[torch.fx.Node] | None = None
+) -> None:
+    """Raises the error PyTorch's kernels give for the first node of ``graph`` (of ``nodes``) they refuse.
 
     The graph was traced with fake tensors, whose meta kernels skip some of the kernels' checks: torch's
     Python meta kernels for addmm and addmv are its decompositions and replace the C++ meta functions that
     compare dtypes, so an int64 input into a float ``nn.Linear`` is captured, and ONNX Runtime then refuses
     its Gemm ("bound to different types"). Run only after a failure: each node runs once with PyTorch's
     kernel on zeros of its inputs' dtypes and shapes, so it costs about one eager pass of the graph.
+
+    Where the graph can fall back to PyTorch, ``nodes`` are the ones ``error`` names: PyTorch's error is
+    raised only for the node ONNX Runtime refused too. Another node that fails on zeros (a Cholesky factor of
+    a zero matrix) says nothing about the user's values; it runs in PyTorch like the rest.
     """
+    if nodes is not None and not nodes:
+        return
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.fx.experimental.symbolic_shapes import optimization_hint
 
@@ -320,6 +389,8 @@ def _raise_torch_refusal(graph: torch.fx.GraphModule, error: Exception) -> None:
     with unset_fake_temporarily(), torch.no_grad():
         for node in graph.graph.nodes:
             if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+                continue
+            if nodes is not None and node not in nodes:
                 continue
             try:
                 args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), example)

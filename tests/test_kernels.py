@@ -66,10 +66,16 @@ def test_a_node_the_target_opset_cannot_run_is_refused_naming_its_fx_node():
     if newest == kernels.BASE_OPSET or kernels._runs("Relu", newest, "tensor(int64)") is not False:
         pytest.skip("this onnxruntime runs an int64 Relu at its newest opset")
     x = torch.randn(5, requires_grad=True)
-    compiled = torch.compile(lambda x: torch.cumprod(x, 0), backend=aot2onnx.backend(opset=newest))
+    compiled = torch.compile(lambda x: torch.cumprod(x, 0), backend=aot2onnx.backend(opset=newest, fallback=False))
     # cumprod's backward takes a Relu of int64 indices.
     with pytest.raises(Exception, match=r"(?s)cannot run at opset \d+: .*Relu for int64, lowered from %relu"):
         compiled(x).sum().backward()
+    torch._dynamo.reset()
+    # With the fallback (the default), that node runs in PyTorch instead, with a warning naming it.
+    compiled = torch.compile(lambda x: torch.cumprod(x, 0), backend=aot2onnx.backend(opset=newest))
+    with pytest.warns(UserWarning, match=r"relu \(aten\.relu\.default\)"):
+        compiled(x).sum().backward()
+    x.grad = None
     torch._dynamo.reset()
     compiled = torch.compile(lambda x: torch.cumprod(x, 0), backend="aot2onnx")
     out = compiled(x)

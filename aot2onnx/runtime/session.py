@@ -129,29 +129,42 @@ def providers_for(device: torch.device, options: Options) -> list[str | tuple[st
 
 
 _MISSING_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
+# Other errors ONNX Runtime raises about one node of a model it loads name it like this (shape and type
+# inference: "Node (node_Unsqueeze_40) Op (Unsqueeze) [ShapeInferenceError] ...", "... in node (node_Mul_3)").
+_NAMED_NODE = re.compile(r"[Nn]ode \(([^)]+)\)")
 
 
-def _explain_missing_kernel(model: onnx.ModelProto, message: str) -> str:
-    """For ONNX Runtime's "no kernel" error: the node's input types and the ATen node it came from."""
+def _explain_session_error(model: onnx.ModelProto, message: str) -> str:
+    """For ONNX Runtime's error about one node: the ATen node it was lowered from and the user's source line,
+    and for a missing kernel the node's input types. The fallback reads the FX node's text from here."""
     match = _MISSING_KERNEL.search(message)
-    if match is None:
-        return ""
-    op_type, _, node_name = match.groups()
-    node = next((n for n in model.graph.node if n.name == node_name), None)
+    if match is not None:
+        op_type, _, node_name = match.groups()
+    else:
+        named = _NAMED_NODE.search(message)
+        if named is None:
+            return ""
+        op_type, node_name = None, named.group(1)
+    # A node ONNX Runtime's optimizer made is named after the node it came from ("node_Gemm_9/GemmTransposeFusion/").
+    names = (node_name, node_name.split("/", 1)[0])
+    node = next((n for n in model.graph.node if n.name in names), None)
     if node is None:
         return ""
-    types = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.input, *model.graph.value_info)}
-    types.update({t.name: t.data_type for t in model.graph.initializer})
-    input_types = [onnx.TensorProto.DataType.Name(types[i]).lower() if i in types else "?" for i in node.input if i]
     props = {p.key: p.value for p in node.metadata_props}
     origin = props.get("pkg.torch.onnx.fx_node", "")
     trace = [line.strip() for line in props.get("pkg.torch.onnx.stack_trace", "").splitlines() if line.strip()]
-    lines = [
-        f"\n  ONNX Runtime's providers have no {op_type} kernel for inputs of type ({', '.join(input_types)}).",
+    lines = []
+    if op_type is not None:
+        types = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.input, *model.graph.value_info)}
+        types.update({t.name: t.data_type for t in model.graph.initializer})
+        input_types = [onnx.TensorProto.DataType.Name(types[i]).lower() if i in types else "?" for i in node.input if i]
+        lines.append(f"\n  ONNX Runtime's providers have no {op_type} kernel for inputs of type ({', '.join(input_types)}).")
+    lines += [
         f"\n  The node was lowered from: {origin}" if origin else "",
         f"\n  at {trace[-2]}: {trace[-1]}" if len(trace) >= 2 else "",
-        "\n  Run this part of the model in a dtype ONNX Runtime supports for the op (float32 in most cases).",
     ]
+    if op_type is not None:
+        lines.append("\n  Run this part of the model in a dtype ONNX Runtime supports for the op (float32 in most cases).")
     return "".join(lines)
 
 
@@ -238,7 +251,7 @@ class OrtGraph:
                 raise
             except Exception as e:
                 raise RuntimeSessionError(
-                    f"ONNX Runtime could not create a session for graph {name!r}: {e}{_explain_missing_kernel(model, str(e))}"
+                    f"ONNX Runtime could not create a session for graph {name!r}: {e}{_explain_session_error(model, str(e))}"
                 ) from e
             self._binding = self._session.io_binding()._iobinding
         self._cpu = device.type == "cpu"

@@ -27,6 +27,19 @@ def aten_scalar_tensor(s, dtype: int = -1, layout: str = "", device: str = "", p
     return op.Constant(value=ir.tensor(np.array(s, dtype=data_type.numpy())))
 
 
+@project_rule(aten.copy.default)
+def aten_copy(self, src, non_blocking: bool = False):
+    """copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor"""
+    # The result is self's shape and dtype, with src broadcast into it. torch_lib only casts, keeping src's
+    # shape: the backward of affine_grid copies a [W] linspace into an [N, H, W] slice of its base grid, and
+    # the select_scatter that puts the slice back then failed in ONNX Runtime (Unsqueeze axis out of range).
+    copied = op.CastLike(src, self)
+    same = self.shape is not None and src.shape is not None and len(self.shape) == len(src.shape)
+    if same and all(isinstance(a, int) and a == b for a, b in zip(self.shape, src.shape)):
+        return copied
+    return op.Expand(copied, op.Shape(self))
+
+
 def _split(self, sizes, dim: int):
     """The pieces as plain values, or ``None`` when the sizes are not all static.
 
