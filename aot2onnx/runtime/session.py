@@ -19,6 +19,7 @@ from aot2onnx.errors import RuntimeSessionError
 from aot2onnx.options import Options
 from aot2onnx.runtime.nchwc import DOMAIN as NCHWC
 from aot2onnx.runtime.nchwc import rewrite_convolutions
+from aot2onnx.runtime.precision import compute_in_float
 from aot2onnx.signature import GraphSignature, InputKind, OutputKind
 
 logger = logging.getLogger(__name__)
@@ -235,6 +236,7 @@ class OrtGraph:
         self._bound: dict[str, tuple[int, tuple[int, ...], int]] = {}
         self._session = None
         self.nchwc_convolutions = 0  # Conv nodes moved to ONNX Runtime's blocked layout (nchwc.py)
+        self.float32_nodes = 0  # low-precision nodes computed in float32, having no kernel (precision.py)
         if self._onnx_outputs:
             try:
                 providers = providers_for(device, options)
@@ -243,6 +245,9 @@ class OrtGraph:
                     # their weights constants (see nchwc.py).
                     model = rewrite_convolutions(model)
                 self.nchwc_convolutions = sum(n.op_type == "Conv" and n.domain == NCHWC for n in model.graph.node)
+                if providers == ["CPUExecutionProvider"]:
+                    # bfloat16 nodes (autocast) ONNX Runtime's CPU provider has no kernel for: in float32.
+                    model, self.float32_nodes = compute_in_float(model)
                 self._session = ort.InferenceSession(
                     model.SerializeToString(), sess_options=session_options(options), providers=providers,
                     disabled_optimizers=_disabled_optimizers(model),

@@ -37,6 +37,14 @@ def aten__native_batch_norm_legit_functional(
 ):
     """_native_batch_norm_legit_functional(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor, Tensor running_mean_out, Tensor running_var_out)"""
     rank = len(input.shape)
+    # Mixed precision (autocast): a bfloat16 input with float32 parameters and running statistics. ATen
+    # computes in the parameters' dtype and returns the normalized input in the input's dtype, the running
+    # statistics in the parameters'. The rule does the same (ONNX's Mul refuses a bfloat16 beside a float32
+    # value). The saved mean and inverse std are float32 from ATen's CPU kernel but bfloat16 by its meta
+    # function, which the captured graphs (the backward's inputs) are typed by: they follow the meta.
+    reference = next((v for v in (running_mean, weight) if v is not None), None)
+    dtype = reference.dtype if reference is not None else input.dtype
+    given, input = input, input if dtype == input.dtype else op.Cast(input, to=dtype)
     if not training:
         mean = _per_channel(running_mean, rank)
         rstd = op.Reciprocal(op.Sqrt(op.Add(_per_channel(running_var, rank), op.CastLike(eps, input))))
@@ -53,7 +61,7 @@ def aten__native_batch_norm_legit_functional(
         flat = op.Constant(value_ints=[-1])
         save_mean, save_rstd, batch_var = op.Reshape(mean, flat), op.Reshape(rstd, flat), op.Reshape(var, flat)
         channels = op.Shape(input, start=1, end=2)
-        if input.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
+        if dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
             # Normalization and the affine map in one pass over the input: ONNX Runtime's inference-mode
             # BatchNormalization with the batch statistics (on 32 x 32 x 64 x 64: 3.5 against 4.1 ms for
             # the whole op spelled as Mul, Mul, Add).
@@ -74,6 +82,8 @@ def aten__native_batch_norm_legit_functional(
         out = op.Mul(out, _per_channel(weight, rank))
     if bias is not None:
         out = op.Add(out, _per_channel(bias, rank))
+    if given is not input:
+        out, save_mean, save_rstd = (op.CastLike(v, given) for v in (out, save_mean, save_rstd))
     return out, save_mean, save_rstd, new_mean, new_var
 
 
