@@ -136,24 +136,23 @@ def _runs(op: str, opset: int, type_str: str) -> bool | None:
             return None
         return _elem_type(chosen[len("tensor("):-1])
 
-    inputs, input_names = [], []
-    for i, formal in enumerate(schema.inputs):
-        if formal.option == defs.OpSchema.FormalParameterOption.Optional:
-            break
-        elem = value_type(formal.type_str)
-        if elem is None:
-            return None
-        inputs.append(helper.make_tensor_value_info(f"i{i}", elem, None))
-        input_names.append(f"i{i}")
-    outputs, output_names = [], []
-    for i, formal in enumerate(schema.outputs):
-        if formal.option == defs.OpSchema.FormalParameterOption.Optional and i > 0:
-            break
-        elem = value_type(formal.type_str)
-        if elem is None:
-            return None
-        outputs.append(helper.make_tensor_value_info(f"o{i}", elem, None))
-        output_names.append(f"o{i}")
+    def declare(formals, prefix: str, first_optional: int) -> tuple[list, list[str]] | None:
+        """Value infos for the formal parameters up to the first optional one at or after ``first_optional``."""
+        infos, names = [], []
+        for i, formal in enumerate(formals):
+            if formal.option == defs.OpSchema.FormalParameterOption.Optional and i >= first_optional:
+                break
+            elem = value_type(formal.type_str)
+            if elem is None:
+                return None
+            infos.append(helper.make_tensor_value_info(f"{prefix}{i}", elem, None))
+            names.append(f"{prefix}{i}")
+        return infos, names
+
+    declared_inputs, declared_outputs = declare(schema.inputs, "i", 0), declare(schema.outputs, "o", 1)
+    if declared_inputs is None or declared_outputs is None:
+        return None
+    (inputs, input_names), (outputs, output_names) = declared_inputs, declared_outputs
     if type_str not in allowed.get(constrained, []):
         return None
     attributes = {}
@@ -178,17 +177,14 @@ def _runs(op: str, opset: int, type_str: str) -> bool | None:
     return None
 
 
-def _elem_type(name: str) -> int | None:
-    from onnx import TensorProto
+_ELEM_TYPES = {  # ONNX type names (as in "tensor(float)") -> TensorProto element types
+    "float": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "string": 8, "bool": 9,
+    "float16": 10, "double": 11, "uint32": 12, "uint64": 13, "bfloat16": 16,
+}
 
-    names = {
-        "float": TensorProto.FLOAT, "double": TensorProto.DOUBLE, "float16": TensorProto.FLOAT16,
-        "bfloat16": TensorProto.BFLOAT16, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
-        "int16": TensorProto.INT16, "int8": TensorProto.INT8, "uint8": TensorProto.UINT8,
-        "uint16": TensorProto.UINT16, "uint32": TensorProto.UINT32, "uint64": TensorProto.UINT64,
-        "bool": TensorProto.BOOL, "string": TensorProto.STRING,
-    }
-    return names.get(name)
+
+def _elem_type(name: str) -> int | None:
+    return _ELEM_TYPES.get(name)
 
 
 @functools.cache
@@ -260,8 +256,7 @@ def check_target_opset(opset: int) -> None:
     )
 
 
-_TYPE_NAMES = {1: "float", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool", 10: "float16",
-               11: "double", 16: "bfloat16"}
+_TYPE_NAMES = {elem: name for name, elem in _ELEM_TYPES.items()}
 
 
 def unrunnable_nodes(model, opset: int) -> list:
