@@ -35,6 +35,6 @@ class RuntimeSessionError(Aot2OnnxError):
 class ArtifactError(Aot2OnnxError, ValueError):
     """An exported training artifact is missing, malformed or inconsistent.
 
-    Also a ValueError, like ``aot2onnx.runtime.edge.ArtifactError``, which the torch-free trainer raises for the
+    Also a ValueError, like ``aot2onnx.artifact.edge.ArtifactError``, which the torch-free trainer raises for the
     same problems (it cannot import this module without importing torch).
     """

@@ -39,7 +39,7 @@ class Options:
         fallback: What to do with FX nodes that have no lowering. ``True``: they run in PyTorch, the rest
             of their graph on ONNX Runtime, and a warning names them once per graph. ``False``:
             compilation fails with an ``UnsupportedOpError`` listing every such op.
-        cache: Keep lowered models in the persistent on-disk cache (see ``aot2onnx.cache``).
+        cache: Keep lowered models in the persistent on-disk cache (see ``aot2onnx.compile.cache``).
         cache_dir: Where; ``None`` means ``$AOT2ONNX_CACHE_DIR`` or the user cache directory
             (``~/.cache/aot2onnx``). ``AOT2ONNX_CACHE_DIR=off`` turns the cache off.
     """

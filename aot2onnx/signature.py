@@ -14,6 +14,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import onnx
 
+
+
+class GraphKind(enum.StrEnum):
+    """Which of AOTAutograd's graphs a compiled graph is (a str: ``kind == "forward"`` holds)."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    INFERENCE = "inference"
+
+
 # ONNX ops whose nodes carry a seed: lowering seeds them, and a model from the cache is seeded afresh.
 RANDOM_OPS = frozenset(
     {"Dropout", "RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike", "Bernoulli", "Multinomial"}

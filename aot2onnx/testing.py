@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from aot2onnx.fallback import fallback_graphs, reset_fallback_graphs
+from aot2onnx.compile.fallback import fallback_graphs, reset_fallback_graphs
 from aot2onnx.runtime.session import OrtGraph, compiled_graphs, reset_compiled_graphs
 
 __all__ = ["EffectsReport", "ParityReport", "assert_parity", "assert_same_effects", "HEAVY_ATEN_OPS"]

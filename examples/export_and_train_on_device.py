@@ -3,7 +3,7 @@
 1. `aot2onnx.export_training` writes forward.onnx, backward.onnx, optimizer.onnx (AdamW with a warm-up and
    cosine learning-rate schedule and gradient clipping), state.safetensors and signature.json (the format:
    docs/artifact-format.md).
-2. The artifact is fine-tuned by `aot2onnx/runtime/edge.py` on the text this example ships, run as a plain
+2. The artifact is fine-tuned by `aot2onnx/artifact/edge.py` on the text this example ships, run as a plain
    file in a separate process: it imports numpy, onnxruntime and safetensors, not torch and not aot2onnx.
    Copy that file and the artifact directory to a device and run the same command there.
 3. `aot2onnx.load` reads the artifact back with the trained state, and its ONNX Runtime forward writes a few
@@ -29,7 +29,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from tiny_gpt import TinyGPT, lm_loss  # noqa: E402
 
 import aot2onnx  # noqa: E402
-from aot2onnx.runtime import edge  # noqa: E402
+from aot2onnx.artifact import edge  # noqa: E402
 
 
 class LanguageModelLoss(nn.Module):

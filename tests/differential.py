@@ -1005,7 +1005,7 @@ def run_compiled(programs: Sequence[Program]) -> list[Result]:
 
 
 def _fell_back() -> bool:
-    from aot2onnx.fallback import fallback_graphs
+    from aot2onnx.compile.fallback import fallback_graphs
 
     return bool(fallback_graphs())
 
@@ -1019,7 +1019,7 @@ BATCH_SIZE = {torch.float32: 16, torch.float64: 4}
 
 def run_programs(programs: Sequence[Program], *, batch: bool = True) -> dict[int, Outcome]:
     """Outcome of each program by seed; several programs share one compiled function when ``batch``."""
-    from aot2onnx.fallback import reset_fallback_graphs
+    from aot2onnx.compile.fallback import reset_fallback_graphs
 
     outcomes: dict[int, Outcome] = {}
     eager: dict[int, Result] = {}

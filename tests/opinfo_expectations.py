@@ -121,7 +121,7 @@ _COMPLEX = (
     "complex tensors: ONNX has no complex type; lowered graphs carry them as real [..., 2] tensors and the "
     "runtime hands those back as they are"
 )
-# The target opsets newer than 18 (aot2onnx.coverage.target_opsets: the newest the installed ONNX Runtime runs).
+# The target opsets newer than 18 (aot2onnx.tools.coverage.target_opsets: the newest the installed ONNX Runtime runs).
 _NEWER = tuple(o for o in coverage.target_opsets() if o > 18)
 _SPARSE = "sparse tensors: torch.compile does not trace them"
 _DATA_DEPENDENT = "a Python value computed from tensor data: torch.compile(fullgraph=True) cannot trace it"

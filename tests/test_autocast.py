@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from aot2onnx.fallback import fallback_graphs, reset_fallback_graphs
+from aot2onnx.compile.fallback import fallback_graphs, reset_fallback_graphs
 from aot2onnx.runtime.session import compiled_graphs, reset_compiled_graphs
 from aot2onnx.testing import HEAVY_ATEN_OPS
 

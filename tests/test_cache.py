@@ -15,7 +15,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import aot2onnx
-from aot2onnx.cache import GraphCache
+from aot2onnx.compile.cache import GraphCache
 from aot2onnx.testing import assert_same_effects
 
 
@@ -144,7 +144,7 @@ def test_a_writer_killed_mid_write_leaves_no_entry(tmp_path):
 
 @pytest.mark.parametrize("value", ["", "0", "off"])
 def test_env_switch_turns_the_cache_off(monkeypatch, value):
-    from aot2onnx.cache import default_cache_dir
+    from aot2onnx.compile.cache import default_cache_dir
 
     monkeypatch.setenv("AOT2ONNX_CACHE_DIR", value)
     assert default_cache_dir() is None

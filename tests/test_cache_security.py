@@ -23,7 +23,7 @@ from onnxscript import opset18 as op
 from torch._dynamo.utils import counters
 
 import aot2onnx
-from aot2onnx.cache import GraphCache, cache_secret, function_fingerprint
+from aot2onnx.compile.cache import GraphCache, cache_secret, function_fingerprint
 from aot2onnx.lower import registry
 
 _CACHE_OFF = "aot2onnx: the persistent cache is off"
@@ -430,7 +430,7 @@ def test_the_fingerprint_is_the_same_in_every_process():
     # A set constant is a frozenset, whose order (and so its repr) changes with the string hash seed.
     script = textwrap.dedent(
         """
-        from aot2onnx.cache import function_fingerprint
+        from aot2onnx.compile.cache import function_fingerprint
         def rule(x, mode):
             return x if mode in {"nearest", "linear", "cubic", "area", "bilinear"} else (lambda: None)
         print(function_fingerprint(rule))

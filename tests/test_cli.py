@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from aot2onnx.__main__ import main as aot2onnx_main
-from aot2onnx.runtime import edge
+from aot2onnx.artifact import edge
 
 _FACTORY_CALLS = "FACTORY_CALLS"
 

@@ -44,7 +44,7 @@ def _worker(rank: int, port: int, variant: str, how: str, out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from aot2onnx.fallback import fallback_graphs
+    from aot2onnx.compile.fallback import fallback_graphs
     from aot2onnx.runtime.session import compiled_graphs
     from aot2onnx.testing import HEAVY_ATEN_OPS
 

@@ -427,7 +427,7 @@ class _Artifact:
 
 def _export_and_run(programs: list[diff.Program], art: _Artifact, root) -> None:
     import aot2onnx
-    from aot2onnx.runtime import edge
+    from aot2onnx.artifact import edge
 
     module = _AsModule(programs)
     cotangents = [c for p in programs for c in p.cotangents(art.eager[p.seed].outputs)]

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import aot2onnx
-from aot2onnx.runtime import edge
+from aot2onnx.artifact import edge
 
 NAN, INF = float("nan"), float("inf")
 DTYPES = [torch.float32, torch.float64]

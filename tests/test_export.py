@@ -28,8 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import aot2onnx
+from aot2onnx.artifact import edge
 from aot2onnx.errors import ArtifactError, CaptureError
-from aot2onnx.runtime import edge
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "examples"))
 from test_training_parity import SmallCNN, TokenModel  # noqa: E402
@@ -272,10 +272,10 @@ def test_edge_trainer_api_and_save(exported, tmp_path):
 
 
 def test_edge_module_form_runs(exported, tmp_path):
-    """``python -m aot2onnx.runtime.edge`` runs the same trainer where aot2onnx is installed."""
+    """``python -m aot2onnx.artifact.edge`` runs the same trainer where aot2onnx is installed."""
     art = exported("mlp", "sgd")
     _write_batches(tmp_path / "b.npz", art.batches[:2])
-    run = subprocess.run([sys.executable, "-m", "aot2onnx.runtime.edge", str(art.out_dir), "--data",
+    run = subprocess.run([sys.executable, "-m", "aot2onnx.artifact.edge", str(art.out_dir), "--data",
                           str(tmp_path / "b.npz"), "--steps", "3", "--out", str(tmp_path / "s.safetensors")],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr

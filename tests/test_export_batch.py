@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import aot2onnx
-from aot2onnx.runtime import edge
+from aot2onnx.artifact import edge
 
 
 class SmallCNN(nn.Module):

@@ -16,8 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import aot2onnx
-from aot2onnx.optim import AdamW, Constant, WarmupCosine, WarmupLinear
-from aot2onnx.runtime import edge
+from aot2onnx.artifact import edge
+from aot2onnx.artifact.optim import AdamW, Constant, WarmupCosine, WarmupLinear
 
 STEPS = 12
 

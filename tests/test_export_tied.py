@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 import aot2onnx
-from aot2onnx.runtime import edge
+from aot2onnx.artifact import edge
 
 transformers = pytest.importorskip("transformers")
 

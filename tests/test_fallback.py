@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from onnxscript import opset18 as op
 
 import aot2onnx
-from aot2onnx.fallback import fallback_graphs, reset_fallback_graphs
+from aot2onnx.compile.fallback import fallback_graphs, reset_fallback_graphs
 from aot2onnx.runtime.session import compiled_graphs, reset_compiled_graphs
 from aot2onnx.testing import assert_parity
 

@@ -57,7 +57,7 @@ from aot2onnx.errors import LoweringError, RuntimeSessionError, UnsupportedOpErr
 from aot2onnx.runtime.kernels import require_runnable
 from aot2onnx.runtime.session import OrtGraph
 
-_backend_module = importlib.import_module("aot2onnx.backend")
+_backend_module = importlib.import_module("aot2onnx.compile.backend")
 _translate_module = importlib.import_module("aot2onnx.lower.translate")
 _ORT_GRAPH_CALL = OrtGraph.__call__
 

@@ -443,7 +443,7 @@ class _Bags(torch.nn.Module):
 
 @pytest.mark.parametrize("mode, padding_idx", [("mean", None), ("max", None), ("sum", 0), ("mean", 0), ("max", 0)])
 def test_embedding_bag_trains_like_eager(mode, padding_idx):
-    from aot2onnx.fallback import fallback_graphs
+    from aot2onnx.compile.fallback import fallback_graphs
     from aot2onnx.testing import assert_parity
 
     ids = torch.tensor([3, 0, 7, 7, 1, 0, 0, 9, 2, 5])

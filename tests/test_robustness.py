@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from onnx import helper
 
 import aot2onnx
+from aot2onnx.artifact import edge
 from aot2onnx.errors import ArtifactError, RuntimeSessionError
-from aot2onnx.runtime import edge
 
 RTOL, ATOL = 1e-5, 1e-6  # float32: one step of a 4 -> 3 linear layer, or sums over empty batches
 LR = 0.1

@@ -653,7 +653,7 @@ assert set(FALLBACKS) == set(_names), "FALLBACKS needs exactly one entry per mem
 
 def fallen_back_ops() -> frozenset[str]:
     """The FX targets that ran in PyTorch in the graphs compiled since the last reset."""
-    from aot2onnx.fallback import fallback_graphs
+    from aot2onnx.compile.fallback import fallback_graphs
 
     return frozenset(t for g in fallback_graphs() for t in g.fallen_back)
 
@@ -701,7 +701,7 @@ def report_row(member: Member, steps: int = 8) -> dict[str, Any]:
     training trajectory; ``None`` where the model does not run in float64), the median step times after the
     first (which compiles), and the fallbacks.
     """
-    from aot2onnx.fallback import reset_fallback_graphs
+    from aot2onnx.compile.fallback import reset_fallback_graphs
 
     torch._dynamo.reset()
     reset_fallback_graphs()

@@ -4,6 +4,6 @@ Nothing here knows about ONNX; the graph compiler passed in decides what happens
 """
 
 from aot2onnx.capture.aot import GraphKind, capture
-from aot2onnx.capture.decompositions import decomposition_table
+from aot2onnx.capture.decompositions import decomposition_table, lowerable_names, target_name
 
-__all__ = ["GraphKind", "capture", "decomposition_table"]
+__all__ = ["GraphKind", "capture", "decomposition_table", "lowerable_names", "target_name"]

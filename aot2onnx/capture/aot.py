@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import enum
 import functools
 import hashlib
 import logging
@@ -36,19 +35,25 @@ from torch._functorch.partitioners import default_partition, min_cut_remateriali
 from torch._inductor.output_code import OutputCode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from aot2onnx.cache import Authenticator
+from aot2onnx.authentication import Authenticator
+from aot2onnx.signature import GraphKind
 
-__all__ = ["GraphKind", "ReloadableGraph", "capture"]
+__all__ = ["GraphKind", "ReloadableGraph", "capture", "math_attention", "partition_function"]
 
 logger = logging.getLogger("aot2onnx")
 
-PARTITIONERS = {"min_cut": min_cut_rematerialization_partition, "default": default_partition}
 
 
-class GraphKind(enum.Enum):
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    INFERENCE = "inference"
+def math_attention() -> contextlib.AbstractContextManager:
+    """Attention traced through its math formulation, so that the backward graph holds matmul and softmax
+    gradients rather than the fused CPU kernel's backward, which has no ONNX equivalent. Both captures
+    (this module's and joint.py's) trace under it."""
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+def partition_function(name: str) -> Callable:
+    """AOTAutograd's partitioner behind a name of ``options.PARTITIONERS`` (the one list of names)."""
+    return {"min_cut": min_cut_rematerialization_partition, "default": default_partition}[name]
 
 
 # compile_graph(gm, example_inputs, kind, capture_seconds) -> (boxed callable, its key or None); the key is
@@ -160,9 +165,7 @@ def capture(
     else:
         compilers = {kind: functools.partial(compiler, kind) for kind in GraphKind}
 
-    # Attention is traced through its math formulation, so that the backward graph holds matmul and
-    # softmax gradients rather than the fused CPU kernel's backward, which has no ONNX equivalent.
-    # AOTAutograd's common-subexpression pass on the joint graph is left out: ONNX Runtime's graph
+    # Attention is traced through its math formulation (see math_attention). AOTAutograd's common-subexpression pass on the joint graph is left out: ONNX Runtime's graph
     # optimizer eliminates common subexpressions in each model anyway, and the pass imports inductor's
     # pattern matcher and lowerings, which cost a process about 1.2 s and 40 MiB (measured here; the
     # benchmark's transformer layer partitions into the same graphs either way).
@@ -171,7 +174,7 @@ def capture(
     # backward graph is free or folds into the MatMul that reads it (with transposes decomposed to permute,
     # see decompositions.py; GPT step 0.97x, other benchmark models unchanged, alternating rounds).
     with (
-        sdpa_kernel(SDPBackend.MATH),
+        math_attention(),
         torch._functorch.config.patch(cse=False, recompute_views=True),
         _aot_autograd_cache(cache_dir, load_graph, authenticator) if cached else contextlib.nullcontext(),
     ):
@@ -182,7 +185,7 @@ def capture(
             bw_compiler=compilers[GraphKind.BACKWARD],
             inference_compiler=compilers[GraphKind.INFERENCE],
             decompositions=decompositions,
-            partition_fn=PARTITIONERS[partitioner],
+            partition_fn=partition_function(partitioner),
         )
 
 

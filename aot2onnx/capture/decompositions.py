@@ -1,19 +1,44 @@
-"""The decomposition table handed to AOTAutograd."""
+"""The decomposition table handed to AOTAutograd: the one answer to "which ops are decomposed", which the
+``torch.compile`` backend, the training export and the coverage tables all use."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-__all__ = ["decomposition_table"]
+from aot2onnx.capture.fastpath import FASTPATH_DECOMPOSITIONS
+
+__all__ = ["decomposition_table", "lowerable_names", "target_name"]
 
 # Ops whose decompositions must not run inside AOTAutograd's trace. lift_fresh is how the tracer turns a
 # constant tensor made during tracing (x[[1, 2]] builds one) into a fake tensor; decomposing it first
 # hands the real constant to fake-tensor ops, which refuse it.
 _NEVER_DECOMPOSED = frozenset({"aten::lift_fresh", "aten::lift"})
+
+# Decomposed although a rule lowers them whole, because the whole lowering is wrong for training. torch_lib's
+# nll_loss_forward returns a placeholder total_weight (the loss's element count, 1 for a mean), and
+# nll_loss_backward divides by it: with the loss inside an exported training graph, every gradient came out
+# N times too large (N the number of targets). PyTorch's decomposition computes the real total weight.
+_DECOMPOSED_FOR_TRAINING = frozenset({"aten::nll_loss_forward"})
+
+
+def target_name(target: Any) -> Any:
+    """An FX node's target as names are compared: ``aten::add.Tensor`` for an overload, the target itself else."""
+    return target.name() if isinstance(target, torch._ops.OpOverload) else target
+
+
+class _Lowers(Protocol):
+    def targets(self) -> Iterable[Any]: ...
+    def supports(self, target: Any, opset: int) -> bool: ...
+
+
+def lowerable_names(registry: _Lowers, opset: int) -> list[str]:
+    """The ops kept whole: those ``registry`` lowers at ``opset``, less those decomposed for training."""
+    names = {target_name(t) for t in registry.targets() if registry.supports(t, opset)}
+    return sorted(str(n) for n in names - _DECOMPOSED_FOR_TRAINING)
 
 
 def _transpose_as_permute(x: torch.Tensor, dim0: int, dim1: int) -> torch.Tensor:
@@ -41,7 +66,7 @@ def decomposition_table(lowerable: Iterable[Any]) -> dict[torch._ops.OpOverload,
     PyTorch's ONNX exporter (``create_onnx_friendly_decomposition_table``), applied to AOTAutograd's joint
     graph rather than to an inference graph.
     """
-    keep = {op.name() if isinstance(op, torch._ops.OpOverload) else op for op in lowerable}
+    keep = {str(target_name(op)) for op in lowerable}
     table: dict[torch._ops.OpOverload, Callable] = dict(_ALWAYS_DECOMPOSED)
     for op, fn in itertools.chain(
         torch.export.default_decompositions().items(), torch._decomp.decomposition_table.items()
@@ -51,4 +76,5 @@ def decomposition_table(lowerable: Iterable[Any]) -> dict[torch._ops.OpOverload,
         if op.name() in _NEVER_DECOMPOSED:
             continue
         table[op] = fn
-    return table
+    # The fused inference fast paths (nn.MultiheadAttention, TransformerEncoderLayer) always: see fastpath.py
+    return {**table, **FASTPATH_DECOMPOSITIONS}

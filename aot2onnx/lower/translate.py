@@ -27,7 +27,7 @@ from aot2onnx.errors import LoweringError, UnsupportedOpError
 from aot2onnx.lower import _exporter_compat as exporter
 from aot2onnx.lower.dispatch import dispatch, is_passthrough_getitem
 from aot2onnx.lower.registry import Registry, default_registry
-from aot2onnx.lower.seeds import draw_seeds
+from aot2onnx.lower.seeds import seed_random_ops
 from aot2onnx.signature import (
     RANDOM_OPS,
     GraphSignature,
@@ -43,7 +43,6 @@ __all__ = [
     "RANDOM_OPS",
     "lower_graph",
     "optimize_exactly",
-    "seed_random_ops",
     "unsupported_nodes",
     "user_source_line",
 ]
@@ -437,27 +436,6 @@ def optimize_exactly(model: ir.Model) -> None:
         common_passes.NameFixPass(),
     )
     passes(model)
-
-
-def seed_random_ops(model: ir.Model) -> None:
-    """Gives every random ONNX node a seed drawn from torch's default generator.
-
-    The draw happens once, when the graph is lowered, so ``torch.manual_seed(s)`` before the first call
-    makes a run reproducible. Each node gets its own seed: two dropout layers never share a mask, and
-    the optimizer cannot merge two random nodes as common subexpressions. ONNX Runtime's kernels keep
-    their generator between runs, so each call still draws a new mask.
-    """
-    graphs = [model.graph, *(f.graph for f in model.functions.values())]
-    nodes = [
-        node
-        for graph in graphs
-        for node in ir.traversal.RecursiveGraphIterator(graph)
-        if node.domain in ("", "ai.onnx") and node.op_type in RANDOM_OPS
-    ]
-    for node, seed in zip(nodes, draw_seeds(len(nodes))):
-        # Dropout's seed is an int; the other random ops take a float.
-        attr = ir.AttrInt64("seed", seed) if node.op_type == "Dropout" else ir.AttrFloat32("seed", float(seed))
-        node.attributes["seed"] = attr
 
 
 def _graph_outputs(

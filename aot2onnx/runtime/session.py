@@ -20,7 +20,7 @@ from aot2onnx.options import Options
 from aot2onnx.runtime.nchwc import DOMAIN as NCHWC
 from aot2onnx.runtime.nchwc import rewrite_convolutions
 from aot2onnx.runtime.precision import compute_in_float
-from aot2onnx.signature import GraphSignature, InputKind, OutputKind
+from aot2onnx.signature import GraphKind, GraphSignature, InputKind, OutputKind
 
 logger = logging.getLogger(__name__)
 
@@ -214,11 +214,11 @@ class OrtGraph:
         name: str,
         device: torch.device,
         options: Options,
-        kind: str = "inference",
+        kind: GraphKind = GraphKind.INFERENCE,
         fx_node_count: int = 0,
     ) -> None:
         self.name = name
-        self.kind = kind  # "forward", "backward" or "inference": which of AOTAutograd's graphs this is
+        self.kind = GraphKind(kind)
         self.options = options
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
         self.signature = signature

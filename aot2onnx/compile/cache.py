@@ -56,6 +56,8 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from aot2onnx.authentication import Authenticator
+from aot2onnx.capture.decompositions import target_name
 from aot2onnx.signature import GraphSignature, InputKind, InputSpec, OutputKind, OutputSpec
 
 __all__ = [
@@ -182,38 +184,9 @@ def _check_directory(directory: pathlib.Path) -> None:
 _REFUSED_DIRECTORIES: set[pathlib.Path] = set()
 
 
-class Authenticator:
-    """HMAC-SHA256 with this user's secret, over an entry and the name it is filed under.
-
-    Binding the name (the key, the directory of AOTAutograd's entries) means an authentic entry copied to
-    another key does not authenticate there either.
-    """
-
-    MAGIC = b"aot2onnx-hmac-sha256/1\n"
-
-    def __init__(self, secret: bytes) -> None:
-        self._secret = secret
-
-    def mac(self, *parts: bytes) -> bytes:
-        message = b"".join(len(part).to_bytes(8, "big") + part for part in parts)
-        return hmac.new(self._secret, message, hashlib.sha256).digest()
-
-    def seal(self, payload: bytes, *names: bytes) -> bytes:
-        """``payload`` with its HMAC in front, to be opened by :meth:`open` with the same ``names``."""
-        return self.MAGIC + self.mac(*names, payload) + payload
-
-    def open(self, data: bytes, *names: bytes) -> bytes | None:
-        """The payload of what :meth:`seal` made with ``names``; ``None`` when ``data`` does not authenticate."""
-        if not data.startswith(self.MAGIC):
-            return None
-        tag_end = len(self.MAGIC) + hashlib.sha256().digest_size
-        tag, payload = data[len(self.MAGIC) : tag_end], data[tag_end:]
-        return payload if hmac.compare_digest(tag, self.mac(*names, payload)) else None
-
-
 # --- Keys ---------------------------------------------------------------------------------------------------
 
-_PACKAGE_ROOT = pathlib.Path(__file__).parent
+_PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[1]  # the aot2onnx package
 
 
 def _hash_sources(digest: Any, paths: list[pathlib.Path]) -> None:
@@ -479,10 +452,6 @@ def function_fingerprint(function: Any) -> str | None:
     return _fingerprint(function)[0]
 
 
-def _target_name(target: Any) -> Any:
-    return target.name() if isinstance(target, torch._ops.OpOverload) else target
-
-
 def rule_key(rule: Any) -> str:
     """A user rule as the keys hold it: target, opset, name and fingerprint (``unkeyed`` where it has none).
 
@@ -490,7 +459,7 @@ def rule_key(rule: Any) -> str:
     such rule in the keys of graphs that do not use it.
     """
     fingerprint = function_fingerprint(rule.function) or "unkeyed"
-    return f"{rule.origin}:{_target_name(rule.target)}:{rule.opset_introduced}:{rule.name}:{fingerprint}"
+    return f"{rule.origin}:{target_name(rule.target)}:{rule.opset_introduced}:{rule.name}:{fingerprint}"
 
 
 def unkeyed_rule(gm: torch.fx.GraphModule, rules: Iterable[Any]) -> tuple[Any, str] | None:
@@ -499,9 +468,9 @@ def unkeyed_rule(gm: torch.fx.GraphModule, rules: Iterable[Any]) -> tuple[Any, s
     Asked of a graph after its lowering, whose passes may have added nodes: a rule is looked up by the
     node's target, so these are exactly the rules the lowering could have used.
     """
-    targets = {_target_name(node.target) for node in gm.graph.nodes if node.op == "call_function"}
+    targets = {target_name(node.target) for node in gm.graph.nodes if node.op == "call_function"}
     for rule in rules:
-        if _target_name(rule.target) in targets:
+        if target_name(rule.target) in targets:
             fingerprint, reason = _fingerprint(rule.function)
             if fingerprint is None:
                 return rule, reason

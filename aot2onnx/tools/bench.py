@@ -297,7 +297,7 @@ def _worker_entry(arg: str) -> int:
     return 0
 
 
-# The worker runs this file by path rather than as ``aot2onnx.bench``, so that a process measuring eager
+# The worker runs this file by path rather than as ``aot2onnx.tools.bench``, so that a process measuring eager
 # or inductor never imports aot2onnx, onnx or onnxruntime: their memory would count in its peak RSS.
 _WORKER_CODE = "import runpy, sys; sys.exit(runpy.run_path(sys.argv[1])['_worker_entry'](sys.argv[2]))"
 
@@ -655,13 +655,13 @@ def _bench_model(name: str, args: argparse.Namespace, cache_root: str, log: Call
 
 
 def _fallback_ids() -> set[int]:
-    from aot2onnx.fallback import fallback_graphs
+    from aot2onnx.compile.fallback import fallback_graphs
 
     return {id(g) for g in fallback_graphs()}
 
 
 def _new_fallbacks(before: set[int]) -> list[Any]:
-    from aot2onnx.fallback import fallback_graphs
+    from aot2onnx.compile.fallback import fallback_graphs
 
     return [g for g in fallback_graphs() if id(g) not in before]
 
@@ -677,7 +677,7 @@ def _versions() -> dict[str, str]:
                 "onnxscript": onnxscript.__version__, "onnxruntime": onnxruntime.__version__,
                 "aot2onnx": aot2onnx.__version__}
     try:
-        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         head = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],

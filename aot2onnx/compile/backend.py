@@ -16,7 +16,8 @@ import onnx
 import torch
 import torch.fx
 
-from aot2onnx.cache import (
+from aot2onnx.capture import GraphKind, capture, decomposition_table, lowerable_names
+from aot2onnx.compile.cache import (
     CachedGraph,
     GraphCache,
     default_cache_dir,
@@ -26,10 +27,8 @@ from aot2onnx.cache import (
     rule_key,
     unkeyed_rule,
 )
-from aot2onnx.capture import GraphKind, capture, decomposition_table
-from aot2onnx.capture.fastpath import FASTPATH_DECOMPOSITIONS
+from aot2onnx.compile.fallback import FallbackGraph, blamed_nodes, split_unsupported, unsupported_targets
 from aot2onnx.errors import LoweringError, RuntimeSessionError, UnsupportedOpError
-from aot2onnx.fallback import FallbackGraph, blamed_nodes, split_unsupported, unsupported_targets
 from aot2onnx.lower.registry import default_registry, user_rules
 from aot2onnx.lower.seeds import reseed
 from aot2onnx.options import Options
@@ -116,18 +115,13 @@ def _decompositions(opset: int, cache: GraphCache | None) -> Mapping:
             key = environment_key("lowerable ops", *memo_key)
             names = cache.load_json(key) if cache is not None else None
             if names is None:
-                registry = default_registry()
-                names = sorted({_target_name(t) for t in registry.targets() if registry.supports(t, opset)})
+                names = lowerable_names(default_registry(), opset)
                 if cache is not None:
                     cache.store_json(key, names)
-            return {**decomposition_table(names), **FASTPATH_DECOMPOSITIONS}
+            return decomposition_table(names)
 
         _decomposition_tables[memo_key] = _TableOnFirstUse(build)
     return _decomposition_tables[memo_key]
-
-
-def _target_name(target: Any) -> str:
-    return target.name() if isinstance(target, torch._ops.OpOverload) else str(target)
 
 
 def _device_of(example_inputs: Sequence[Any]) -> torch.device:
@@ -205,7 +199,7 @@ def _compile_graph(
     """The graph's runner, and its key in the graph cache (``None`` where the cache cannot make it again).
 
     With ``options.fallback``, what ONNX Runtime cannot run goes to PyTorch: nodes without a lowering, and
-    nodes whose lowering or session failed (see ``aot2onnx.fallback``), after PyTorch's own error is raised
+    nodes whose lowering or session failed (see ``aot2onnx.compile.fallback``), after PyTorch's own error is raised
     where PyTorch refuses a node too.
     """
     start = time.perf_counter()
@@ -337,7 +331,7 @@ def _start_session(
         logger.info("aot2onnx: wrote %s", path)
     start = time.perf_counter()
     runner = OrtGraph(
-        lowered.model, lowered.signature, name=name, device=device, options=options, kind=kind.value,
+        lowered.model, lowered.signature, name=name, device=device, options=options, kind=kind,
         fx_node_count=lowered.fx_node_count,
     )
     session_s = time.perf_counter() - start

@@ -3,7 +3,7 @@
 This file imports the standard library, numpy, onnxruntime and safetensors, and nothing else: not torch, not
 the rest of aot2onnx. On a device without torch, copy this one file and run it (``python edge.py ARTIFACT_DIR
 --data batches.npz --steps N --out state.safetensors``), or import its :class:`Trainer`. Where aot2onnx is
-installed, ``python -m aot2onnx.runtime.edge`` runs the same code (the package itself imports torch).
+installed, ``python -m aot2onnx.artifact.edge`` runs the same code (the package itself imports torch).
 
 The artifact's layout and its signature are specified in ``docs/artifact-format.md``; this file is a reference
 reader of that document. Reading refuses, with :class:`ArtifactError`, anything that does not match it. Nothing
@@ -619,7 +619,7 @@ def _check_writable(path: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m aot2onnx.runtime.edge",
+        prog="python -m aot2onnx.artifact.edge",
         description="Train an aot2onnx training artifact with ONNX Runtime (no torch); prints the loss per step.",
     )
     parser.add_argument("artifact", metavar="ARTIFACT_DIR")

@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 REGENERATE_ENV = "AOT2ONNX_REGENERATE_OPSET_TABLES"
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[2]
 TABLES_DIR = _REPO / "opset_tables"
 _SWEEP = _REPO / "tests" / "test_opinfo.py"
 _BASE_OPSET = 18
@@ -107,13 +107,11 @@ def _overload(name: str):
 
 def _lowering_origins(names: Iterable[str], opset: int) -> dict[str, str]:
     """Where each overload's lowering at ``opset`` comes from: a rule's origin, decomposition, or none."""
-    from aot2onnx.capture import decomposition_table
+    from aot2onnx.capture import decomposition_table, lowerable_names
     from aot2onnx.lower.registry import default_registry
 
     registry = default_registry()
-    decomposed = {
-        str(op) for op in decomposition_table(t for t in registry.targets() if registry.supports(t, opset))
-    }
+    decomposed = {str(op) for op in decomposition_table(lowerable_names(registry, opset))}
     origins = {}
     for name in names:
         target = _overload(name)

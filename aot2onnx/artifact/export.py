@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import contextvars
-import copy
 import dataclasses
 import importlib
 import importlib.util
@@ -27,42 +26,33 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime
 import safetensors.torch
-import sympy
 import torch
 import torch.fx
 import torch.nn as nn
 from torch._functorch._aot_autograd import descriptors as aot_desc
-from torch._functorch.aot_autograd import aot_compile_joint_with_descriptors, aot_export_joint_with_descriptors
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental import _config as fx_config
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils._sympy.numbers import int_oo
 
-from aot2onnx.capture import decomposition_table
-from aot2onnx.capture.aot import PARTITIONERS
+from aot2onnx._version import __version__
+from aot2onnx.artifact.optim import SGD, AdamW, Optimizer, ParamInfo, grad_name, updated_name
+from aot2onnx.capture import decomposition_table, lowerable_names
+from aot2onnx.capture.joint import WRAPPER_PREFIX, trace_joint
 from aot2onnx.errors import CaptureError
 from aot2onnx.lower.registry import default_registry
 from aot2onnx.lower.translate import lower_graph
-from aot2onnx.optim import SGD, AdamW, Optimizer, ParamInfo, grad_name, updated_name
 from aot2onnx.options import DEFAULT_OPSET
 from aot2onnx.runtime.kernels import check_target_opset, require_runnable
-from aot2onnx.signature import InputKind, LoweredGraph, OutputKind
+from aot2onnx.signature import GraphKind, InputKind, LoweredGraph, OutputKind
 
 __all__ = ["TrainingArtifact", "export_training", "main"]
 
 logger = logging.getLogger("aot2onnx")
 
 BATCH_DIM = "batch"
-_WRAPPER_PREFIX = "module."  # _LossFirst registers the user's module under this name
 LOSS_NAME = "loss"
 GRAD_OF_LOSS_NAME = grad_name(LOSS_NAME)
 
@@ -144,37 +134,6 @@ class _Progress:
                 self._write(f"\r{label} ... done in {seconds:.1f}s\n" if self._live else f"    done in {seconds:.1f}s\n")
 
 
-class _LossFirst(nn.Module):
-    """The user's module, returning ``(loss, *user_outputs)`` with every output but the loss detached.
-
-    Detached outputs need no tangent, so the joint graph differentiates the loss alone, which is what a
-    training step does.
-    """
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-        self.returns = "loss"  # or "tuple": what the module returned while traced
-
-    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.module(*inputs)
-        outputs = (out,) if isinstance(out, torch.Tensor) else tuple(out) if isinstance(out, (tuple, list)) else None
-        if not outputs or not all(isinstance(o, torch.Tensor) for o in outputs):
-            raise CaptureError(
-                f"export_training needs module(*inputs) to return the loss tensor or a tuple (loss, *outputs) of "
-                f"tensors; {type(self.module).__name__} returned {type(out).__name__}"
-            )
-        loss = outputs[0]
-        if loss.numel() != 1 or not loss.is_floating_point() or not loss.requires_grad:
-            raise CaptureError(
-                f"the first output of {type(self.module).__name__} must be the scalar floating-point loss that "
-                f"depends on trainable parameters; got {loss.dtype}{list(loss.shape)} "
-                f"(requires_grad={loss.requires_grad})"
-            )
-        self.returns = "loss" if isinstance(out, torch.Tensor) else "tuple"
-        return (loss if loss.dim() == 0 else loss.reshape(()), *(o.detach() for o in outputs[1:]))
-
-
 @dataclasses.dataclass
 class _Captured:
     """One graph of the partitioned joint graph, before and after lowering."""
@@ -193,9 +152,9 @@ _TIED: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("a
 
 def _module_name(target: str) -> str:
     """The module's own name for a tensor AOTAutograd names ``target`` (under the loss-first wrapper)."""
-    if not target.startswith(_WRAPPER_PREFIX):
+    if not target.startswith(WRAPPER_PREFIX):
         raise AssertionError(f"unexpected state name {target!r}")
-    return target[len(_WRAPPER_PREFIX):]
+    return target[len(WRAPPER_PREFIX):]
 
 
 def _strip(target: str) -> str:
@@ -227,193 +186,32 @@ class _Trace:
     returns: str  # "loss" or "tuple"
 
 
-def _fake_inputs(example_inputs: Sequence[torch.Tensor], dynamic_batch: bool) -> tuple[list, ShapeEnv, Any, int | None, list[bool]]:
-    """Fake copies of the inputs; with ``dynamic_batch``, one symbol for every leading dim equal to the first
-    input's (the batch)."""
-    shape_env = ShapeEnv()
-    fake_mode = FakeTensorMode(shape_env=shape_env)
-    batch = None
-    if dynamic_batch and example_inputs and example_inputs[0].dim() >= 1:
-        batch = int(example_inputs[0].shape[0])
-        if batch < 2:
-            raise CaptureError(
-                f"dynamic_batch=True needs an example batch of at least 2 (got {batch}): torch specialises sizes "
-                "0 and 1. Export with a larger example batch, or with dynamic_batch=False"
-            )
-    fakes, symbol, flags = [], None, []
-    for x in example_inputs:
-        dynamic = batch is not None and x.dim() >= 1 and x.shape[0] == batch
-        flags.append(dynamic)
-        # DUCK, not DYNAMIC: dims of equal size share one symbol, so every batch dim is the same ``batch``.
-        sizes = [DimDynamic.DUCK if dynamic and i == 0 else DimDynamic.STATIC for i in range(x.dim())]
-        fake = fake_mode.from_tensor(x, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
-        if dynamic:
-            if symbol is not None and fake.shape[0].node.expr != symbol:
-                raise AssertionError(f"two symbols for the batch: {symbol} and {fake.shape[0].node.expr}")
-            symbol = fake.shape[0].node.expr
-        fakes.append(fake)
-    return fakes, shape_env, symbol, batch, flags
-
-
-# torch_lib's nll_loss_forward returns a placeholder total_weight (the loss's element count, 1 for a mean),
-# and nll_loss_backward divides by it: with the loss inside the graph, every gradient came out N times too
-# large (N the number of targets). PyTorch's decomposition computes the real total weight.
-_DECOMPOSE_FOR_TRAINING = frozenset({"aten::nll_loss_forward"})
-
-
-def _target_name(target: Any) -> str:
-    return target.name() if isinstance(target, torch._ops.OpOverload) else str(target)
-
-
 def _capture(
     module: nn.Module, example_inputs: Sequence[torch.Tensor], *, dynamic_batch: bool, opset: int,
     progress: _Progress,
 ) -> _Trace:
-    """Traces the joint graph, partitions it and lowers both halves; returns them and the batch dim's facts."""
+    """Traces the joint graph (capture/joint.py), partitioned, and lowers both halves."""
     registry = default_registry()
-    # PyTorch's decompositions minus the ops that lower whole, as the backend uses them; except for ops whose
-    # whole lowering is wrong for training (see _DECOMPOSE_FOR_TRAINING).
-    decompositions = decomposition_table(
-        t for t in registry.targets() if registry.supports(t, opset) and _target_name(t) not in _DECOMPOSE_FOR_TRAINING
-    )
-    wrapper = _LossFirst(module)
-    with fx_config.patch(backed_size_oblivious=True):  # read when the batch symbol is made (see below)
-        fakes, shape_env, symbol, batch, dynamic = _fake_inputs(example_inputs, dynamic_batch)
-    graphs: dict[str, _Captured] = {}
+    graphs: dict[GraphKind, _Captured] = {}
 
-    def compiler(kind: str, gm: torch.fx.GraphModule, _inputs: Sequence[Any]) -> Callable:
+    def lower(kind: GraphKind, gm: torch.fx.GraphModule) -> None:
         graphs[kind] = captured = _describe(gm)
         nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
         with progress.stage(f"lowering the {kind} graph ({nodes} FX nodes)"):
             captured.lowered = lower_graph(gm, name=f"{type(module).__name__}_{kind}", opset=opset, registry=registry)
             require_runnable(captured.lowered.model, opset, f"{type(module).__name__}_{kind}")
 
-        def never_called(args: list[Any]) -> list[Any]:
-            raise AssertionError("export_training does not run the graphs it captures")
-
-        never_called._boxed_call = True  # type: ignore[attr-defined]
-        return never_called
-
-    with contextlib.ExitStack() as stack:
-        # Attention is traced through its math formulation, as the backend does (see capture/aot.py).
-        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
-        stack.enter_context(_convolutions_without_layout_guards())
-        # Sizes 0 and 1 are not specialised away: a batch of 1 stays possible, and where the trace does
-        # depend on it, the guard says so (see _admits_one).
-        stack.enter_context(fx_config.patch(backed_size_oblivious=True))
-        stack.enter_context(torch.enable_grad())  # the joint graph needs autograd, even if the caller is in no_grad
-        with progress.stage("tracing the joint forward-backward graph with AOTAutograd"):
-            try:
-                joint = aot_export_joint_with_descriptors(
-                    stack, wrapper, tuple(fakes), decompositions=decompositions
-                )
-            except CaptureError:
-                raise
-            except Exception as e:
-                raise CaptureError(f"AOTAutograd could not trace {type(module).__name__}'s joint graph: {e}") from e
-        metadata = joint._aot_state.fw_metadata
-        _check_metadata(metadata, module)
-        if symbol is not None:
-            specialised = shape_env.replacements.get(symbol)
-            if specialised is not None and specialised.is_number:
-                raise CaptureError(
-                    f"{type(module).__name__} fixes the batch size to {specialised} while tracing (a view, reshape or "
-                    "size check on the batch dimension). Make it use the input's size, or export with "
-                    "dynamic_batch=False"
-                )
-            # Binds each input size symbol to a sym_size node after the placeholders, as Dynamo does for the
-            # graphs it hands AOTAutograd; the partitioner's passes look symbols up in the graph.
-            insert_deferred_runtime_asserts(joint.graph_module, shape_env, "aot2onnx export")
-        aot_compile_joint_with_descriptors(
-            joint,
-            partition_fn=PARTITIONERS["min_cut"],
-            fw_compiler=lambda gm, inputs: compiler("forward", gm, inputs),
-            bw_compiler=lambda gm, inputs: compiler("backward", gm, inputs),
-        )
-    if set(graphs) != {"forward", "backward"}:
-        raise CaptureError(f"AOTAutograd produced the graphs {sorted(graphs)}; a training export needs forward and backward")
-
+    joint = trace_joint(
+        module, example_inputs, dynamic_batch=dynamic_batch,
+        decompositions=decomposition_table(lowerable_names(registry, opset)),  # the backend's
+        compile_graph=lower, stage=progress.stage,
+    )
     dims: dict = {}
     symbols: dict[str, str] = {}
-    if symbol is not None:
-        bounds = shape_env.var_to_range.get(symbol)
-        upper = None if bounds is None or bounds.upper == int_oo else int(bounds.upper)
-        lower = 1 if bounds is None or bounds.lower == -int_oo else max(1, int(bounds.lower))
-        if lower == 1 and (not _admits_one(shape_env, symbol) or not _eager_runs_one(module, example_inputs, dynamic)):
-            lower = 2
-        dims[BATCH_DIM] = {"example": batch, "min": lower, "max": upper}
-        symbols[str(symbol)] = BATCH_DIM
-    return _Trace(graphs["forward"], graphs["backward"], symbols, dims, dynamic, wrapper.returns)
-
-
-_CONVOLUTIONS = (
-    torch.ops.aten.convolution.default,
-    torch.ops.aten._convolution.default,
-    torch.ops.aten._convolution.deprecated,
-    torch.ops.aten.convolution_backward.default,
-)
-
-
-@contextlib.contextmanager
-def _convolutions_without_layout_guards() -> Any:
-    """Fake convolutions that do not guard the batch size.
-
-    FakeTensor's convolution picks its output's memory format as eager's CPU kernel would, and to do so
-    asks ``torch._C._select_conv_backend``, whose oneDNN heuristic compares the batch size with 16: the
-    comparison became a guard, and an artifact exported with an example batch below 16 accepted [2, 15],
-    one exported with 16 or more [16, inf). An ONNX model has no memory formats, so the fake convolution
-    is told the sizes have no hint, and takes its layout-free path.
-    """
-    from torch._subclasses import fake_impls
-    from torch.fx.experimental import symbolic_shapes
-
-    def without_hints(impl: Callable) -> Callable:
-        def conv(*args: Any, **kwargs: Any) -> Any:
-            with mock.patch.object(symbolic_shapes, "has_guarding_hint", lambda *_: False):
-                return impl(*args, **kwargs)
-
-        return conv
-
-    table = fake_impls.op_implementations_dict
-    patched = {op: without_hints(table[op]) for op in _CONVOLUTIONS if op in table}
-    with mock.patch.dict(table, patched):
-        yield
-
-
-def _admits_one(shape_env: ShapeEnv, symbol: Any) -> bool:
-    """Whether the trace holds for a batch of 1: no guard it recorded is false there.
-
-    The trace runs with size-oblivious reasoning for backed sizes (``backed_size_oblivious``): a batch
-    symbol ranges over [0, inf) instead of [2, inf), and a decision that did depend on the batch being 1
-    or not is recorded as a guard (``Ne(s0, 1)``), which this checks.
-    """
-    for guard in shape_env.guards:
-        if symbol in guard.expr.free_symbols and guard.expr.subs(symbol, 1) == sympy.false:
-            return False
-    return True
-
-
-def _eager_runs_one(module: nn.Module, example_inputs: Sequence[torch.Tensor], dynamic: list[bool]) -> bool:
-    """Whether eager accepts a batch of 1: some models refuse one by their data, not their shapes (training
-    BatchNorm over a single value per channel), and an artifact cannot raise as eager does."""
-    inputs = [x[:1] if flag else x for x, flag in zip(example_inputs, dynamic)]
-    copy_ = copy.deepcopy(module)
-    try:
-        with torch.no_grad():
-            copy_(*inputs)
-    except Exception:  # eager's own refusal, whatever it is: the artifact keeps the batch at 2 or more
-        return False
-    return True
-
-
-def _check_metadata(metadata: Any, module: nn.Module) -> None:
-    """Refuses what a pair of ONNX models cannot express.
-
-    Outputs that alias inputs or each other need no refusal: the models return values, and a device has no
-    views whose aliasing could be observed.
-    """
-    if metadata.tokens:
-        raise CaptureError(f"{type(module).__name__} calls side-effecting ops (effect tokens); they cannot be exported")
+    if joint.batch is not None:
+        dims[BATCH_DIM] = joint.batch
+        symbols[joint.batch_symbol] = BATCH_DIM
+    return _Trace(graphs[GraphKind.FORWARD], graphs[GraphKind.BACKWARD], symbols, dims, joint.dynamic, joint.returns)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -740,7 +538,7 @@ def _state(module: nn.Module) -> tuple[dict[str, torch.Tensor], list[dict], list
 
 
 def _attach_signature(model: onnx.ModelProto, signature: dict, graph: str) -> onnx.ModelProto:
-    from aot2onnx.runtime import edge  # see export_training
+    from aot2onnx.artifact import edge  # see export_training
 
     for key, value in ((edge.SIGNATURE_KEY, json.dumps(signature, sort_keys=True)), (edge.GRAPH_KEY, graph)):
         entry = next((p for p in model.metadata_props if p.key == key), None) or model.metadata_props.add()
@@ -789,7 +587,7 @@ def export_training(
         UnsupportedOpError: ops without an ONNX lowering, all listed.
     """
     # The artifact's constants are edge.py's, the reference reader. Imported here: `import aot2onnx` must not
-    # import edge, or `python -m aot2onnx.runtime.edge` would find it imported already and runpy would warn.
+    # import edge, or `python -m aot2onnx.artifact.edge` would find it imported already and runpy would warn.
 
     if optimizer is not None and not isinstance(optimizer, Optimizer):
         raise TypeError(f"optimizer must be aot2onnx.optim.SGD, aot2onnx.optim.AdamW or None, got {optimizer!r}")
@@ -816,7 +614,7 @@ def _export(
     dynamic_batch: bool, opset: int, report: _Progress, tensors: dict[str, torch.Tensor], state: list[dict],
     tied: list[dict],
 ) -> TrainingArtifact:
-    from aot2onnx.runtime import edge  # see export_training
+    from aot2onnx.artifact import edge  # see export_training
 
     input_names = _input_names(module, len(example_inputs), set(tensors))
     trace = _capture(module, example_inputs, dynamic_batch=dynamic_batch, opset=opset, progress=report)
@@ -891,7 +689,6 @@ def _isatty(stream: Any) -> bool:
 
 
 def _versions(opset: int) -> dict:
-    from aot2onnx import __version__
 
     return {"aot2onnx": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
             "onnxruntime": onnxruntime.__version__, "opset": opset}

@@ -19,10 +19,10 @@ import torch.nn as nn
 from aot2onnx.errors import ArtifactError, RuntimeSessionError
 from aot2onnx.options import Options
 from aot2onnx.runtime.session import OrtGraph
-from aot2onnx.signature import GraphSignature, InputKind, InputSpec, OutputKind, OutputSpec
+from aot2onnx.signature import GraphKind, GraphSignature, InputKind, InputSpec, OutputKind, OutputSpec
 
 if TYPE_CHECKING:
-    from aot2onnx.runtime import edge
+    from aot2onnx.artifact import edge
 
 __all__ = ["LoadedModule", "load"]
 
@@ -40,9 +40,9 @@ def load(out_dir: str | os.PathLike, **options: Any) -> LoadedModule:
             wrong dtype or shape, or a file (the signature, the state, a model or ONNX external data) that is or
             resolves outside the artifact directory.
     """
-    # Imported here: `import aot2onnx` must not import edge, or `python -m aot2onnx.runtime.edge` would find it
+    # Imported here: `import aot2onnx` must not import edge, or `python -m aot2onnx.artifact.edge` would find it
     # imported already and runpy would warn.
-    from aot2onnx.runtime import edge
+    from aot2onnx.artifact import edge
 
     opts = Options.from_mapping(options)
     try:
@@ -73,7 +73,7 @@ def _ort_graph(artifact: edge.Artifact, graph: str, options: Options) -> OrtGrap
     )
     try:
         runner = OrtGraph(model, signature, name=f"{artifact.root.name}_{graph}", device=torch.device("cpu"),
-                          options=options, kind=graph, fx_node_count=0)
+                          options=options, kind=GraphKind(graph), fx_node_count=0)
     except RuntimeSessionError as e:
         raise ArtifactError(f"{path}: ONNX Runtime cannot load it: {e}") from e
     return runner

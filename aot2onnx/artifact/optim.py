@@ -46,7 +46,7 @@ class Schedule:
 
     def factor(self, step: int) -> float:
         """The multiplier of the base learning rate for the step after ``step`` completed ones."""
-        from aot2onnx.runtime.edge import lr_factor  # the one implementation, which the torch-free trainer runs
+        from aot2onnx.artifact.edge import lr_factor  # the one implementation, which the torch-free trainer runs
 
         return lr_factor(self.to_json(), step)
 

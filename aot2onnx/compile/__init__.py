@@ -1,0 +1,1 @@
+"""The ``torch.compile`` backend: options -> capture -> cache -> lower (or fall back) -> runtime."""
