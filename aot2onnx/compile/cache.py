@@ -208,7 +208,7 @@ def _environment_fingerprint() -> str:
         digest.update(f"{package}={version};".encode())
     # The package version does not change with every edit of a rule; the source of the lowering does.
     root = _PACKAGE_ROOT
-    _hash_sources(digest, [*root.joinpath("lower").rglob("*.py"), root / "signature.py", root / "cache.py"])
+    _hash_sources(digest, [*root.joinpath("lower").rglob("*.py"), root / "signature.py", root / "compile" / "cache.py"])
     return digest.hexdigest()
 
 
