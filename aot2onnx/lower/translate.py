@@ -191,6 +191,29 @@ def _lower_call(
     graph.extend(tracer.nodes)
 
 
+def _exact_key(arg: Any) -> Any:
+    """A Python constant as the key of the bits it becomes: -0.0 apart from 0.0 (they compare equal)."""
+    if isinstance(arg, float):
+        return float, arg.hex()
+    if isinstance(arg, (tuple, list)):
+        return tuple(_exact_key(a) for a in arg)
+    return type(arg), arg
+
+
+class _ConstantFarm(dict):
+    """The exporter's cache of the Constant nodes it makes for Python scalars in rules, keyed by
+    ``(value, dtype)``. Keyed by the Python value, -0.0 finds 0.0's constant (they are equal and hash alike), and
+    ``-0.0 * x`` and ``0.0 * x`` in one graph would both get the sign of whichever came first."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        arg, dtype = key
+        return super().get((_exact_key(arg), dtype), default)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        arg, dtype = key
+        super().__setitem__((_exact_key(arg), dtype), value)
+
+
 def _prepare(gm: torch.fx.GraphModule) -> None:
     # aten ops promote mixed dtypes implicitly; ONNX ops do not. The exporter's pass makes it explicit.
     exporter.insert_type_promotion_nodes(gm)
@@ -222,7 +245,7 @@ def lower_graph(
     graph = ir.Graph([], [], nodes=[], opset_imports={"": 18}, name=name)
     model = ir.Model(graph, ir_version=10, producer_name="aot2onnx")
     values: dict[str, Any] = {}
-    constant_farm: dict[Any, ir.Value] = {}
+    constant_farm: dict[Any, ir.Value] = _ConstantFarm()
     input_specs: list[InputSpec] = []
     placeholders: list[torch.fx.Node] = []
     output_specs: list[OutputSpec] = []

@@ -1,0 +1,78 @@
+"""Pointwise ops at the values where implementations part ways, against eager PyTorch: signed zeros, denormals,
+infinities, NaN and the tails of sigmoid, tanh and log1p, forward and gradients, in float32 and float64.
+
+Exact ops (selections, maximum and minimum, clamp, products by a constant, pow with the exponents ATen
+computes with sqrt, rsqrt, reciprocal or products) must match bit for bit: the same NaNs and infinities, the
+same finite values, the same sign of every zero. Transcendental ops must be within a few units in the last
+place (ULPs) of eager, everywhere, the tails and denormals included.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+NAN, INF = float("nan"), float("inf")
+DTYPES = [torch.float32, torch.float64]
+DENORMAL = {torch.float32: 1e-40, torch.float64: 1e-310}
+
+
+def _ulps(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of floats at |x|: the smallest denormal at 0."""
+    a = x.detach().abs()
+    return torch.nextafter(a, torch.full_like(a, INF)) - a
+
+
+def _assert_matches(name: str, actual: torch.Tensor, expected: torch.Tensor, ulps: float, zero_sign: bool) -> None:
+    """NaN and infinities where eager has them; finite values within ``ulps`` of eager's spacing (0: equal);
+    with ``zero_sign``, every zero with eager's sign."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (name, actual, expected)
+    a, e = actual.detach(), expected.detach()
+    bad = torch.isnan(a) != torch.isnan(e)
+    finite = torch.isfinite(e) & torch.isfinite(a)
+    bad |= ~torch.isnan(e) & ~finite & (a != e)  # an infinity of the wrong sign, or a finite value for one
+    error = (a.double() - e.double()).abs()
+    bad |= finite & (error > ulps * _ulps(e).double())
+    if zero_sign:
+        bad |= (e == 0) & (a == 0) & (torch.signbit(a) != torch.signbit(e))
+    if bad.any():
+        rows = [f"  at {i}: eager {float(e[tuple(i)])!r}, compiled {float(a[tuple(i)])!r}"
+                for i in bad.nonzero().tolist()[:8]]
+        raise AssertionError(f"{name}: {int(bad.sum())} of {e.numel()} elements differ\n" + "\n".join(rows))
+
+
+def _check(fn, *inputs: torch.Tensor, dtype: torch.dtype, ulps: float = 0, grad: bool = True,
+           grad_ulps: float | None = None, zero_sign: bool = True) -> None:
+    """``fn`` eagerly and through ``torch.compile(backend="aot2onnx")`` on equal copies of ``inputs`` (cast to
+    ``dtype``): every output, and with ``grad`` the gradient of every input under the same cotangents
+    (values only: autograd itself does not keep the sign of a zero gradient)."""
+    eager_in = [x.detach().to(dtype, copy=True).requires_grad_(grad) for x in inputs]
+    comp_in = [x.detach().to(dtype, copy=True).requires_grad_(grad) for x in inputs]
+    out_e, out_c = fn(*eager_in), torch.compile(fn, backend="aot2onnx")(*comp_in)
+    outs_e, outs_c = torch.utils._pytree.tree_leaves(out_e), torch.utils._pytree.tree_leaves(out_c)
+    assert len(outs_e) == len(outs_c)
+    for i, (c, e) in enumerate(zip(outs_c, outs_e)):
+        _assert_matches(f"output {i}", c, e, ulps, zero_sign)
+    if not grad:
+        return
+    pairs = [(c, e) for c, e in zip(outs_c, outs_e) if e.requires_grad]
+    cotangents = [torch.linspace(-2.0, 3.0, e.numel(), dtype=dtype).reshape(e.shape) for _, e in pairs]
+    grads_e = torch.autograd.grad([e for _, e in pairs], eager_in, cotangents, allow_unused=True)
+    grads_c = torch.autograd.grad([c for c, _ in pairs], comp_in, cotangents, allow_unused=True)
+    for i, (c, e) in enumerate(zip(grads_c, grads_e)):
+        if e is None:
+            assert c is None or not c.any(), f"grad of input {i}: eager has none"
+            continue
+        _assert_matches(f"grad of input {i}", c, e, ulps if grad_ulps is None else grad_ulps, zero_sign=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Constants: 0.0 and -0.0 are different constants
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zero_and_negative_zero_constants_stay_apart(dtype):
+    # The exporter's cache of Python scalars made into constants took -0.0 for 0.0 (equal, and equal hashes).
+    x = torch.tensor([1.0, -2.0, 0.0, INF])
+    _check(lambda x: (-0.0 * x, 0.0 * x, x * -0.0, x + 0.0, x + -0.0), x, dtype=dtype, grad=False)
+    _check(lambda x: (0.0 * x, -0.0 * x), x, dtype=dtype, grad=False)
