@@ -1,5 +1,6 @@
 """Reductions and scans torch_lib does not lower (or lowers only in part): amax/amin and max/min with NaN,
-median, nanmedian, mode, kthvalue, cummax/cummin, cumprod, prod as a prim; and sums over leading axes
+median, nanmedian, mode, kthvalue, cummax/cummin, cumprod, prod as a prim; var and std (and var_mean,
+std_mean) accumulated in double as ATen does; means that are NaN over no elements; and sums over leading axes
 as a matrix product (bias gradients), which ONNX Runtime runs faster than its ReduceSum.
 
 Scans along a dim of size n are computed from an (n, n) mask of "j <= i": memory grows as n**2 per row,
@@ -12,10 +13,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
+from onnxscript.function_libs.torch_lib.ops import prims as torchlib_prims
 
 from aot2onnx.lower.registry import project_rule
 
@@ -481,6 +484,93 @@ def aten_histogram_bins_tensor(self, bins, weight=None, density: bool = False):
     inside = op.And(op.GreaterOrEqual(x, first), op.LessOrEqual(x, last))
     position = op.Where(inside, position, op.Constant(value_int=count))  # an extra bin, dropped below
     return _histogram_counts(x, position, bins, count, weight, density), op.Identity(bins)
+
+
+def _constant(value: float, like):
+    """A scalar constant of ``like``'s dtype, exact in double (a CastLike of a Python float goes through
+    float32)."""
+    if like.dtype == ir.DataType.DOUBLE:
+        return op.Constant(value=ir.tensor(np.float64(value)))
+    return op.CastLike(op.Constant(value_float=value), like)
+
+
+def _count(x, axes: list[int], like):
+    """How many elements of ``x`` a reduction over ``axes`` reads per output, as a scalar of ``like``'s
+    dtype: a constant where those sizes are static, else from the shape at run time (it may be 0 then)."""
+    sizes = [x.shape[a] for a in axes]
+    if all(isinstance(s, int) for s in sizes):
+        return _constant(float(math.prod(sizes)), like)
+    gathered = op.Gather(op.Shape(x), op.Constant(value_ints=axes), axis=0)
+    return op.CastLike(op.ReduceProd(gathered, op.Constant(value_ints=[0]), keepdims=0), like)
+
+
+def _moments(self, dims: Sequence[int] | None, correction: float | None, keepdim: bool):
+    """(variance, mean) of ``self`` over ``dims``, in double, as ATen's Welford reduction keeps them.
+
+    ATen accumulates in double whatever the float dtype and rounds once at the end (after the square root,
+    for std): in float32 the squared deviations overflow once |x - mean| > 1.8e19, and the sum behind the
+    mean at 3.4e38, where ATen's do not; a std of 1e30 has a variance of 1e60, which only double holds.
+    """
+    rank = len(self.shape)
+    axes = _axes(dims, rank) if rank else []
+    x = self if self.dtype == ir.DataType.DOUBLE else op.Cast(self, to=ir.DataType.DOUBLE)
+    reduce_axes = op.Constant(value_ints=axes)
+    n = _count(self, axes, x)
+    mean = op.Div(op.ReduceSum(x, reduce_axes, keepdims=1), n)  # over no elements 0 / 0 = NaN, as in ATen
+    centered = op.Sub(x, mean)
+    # ATen divides by max(n - correction, 0): NaN (0 / 0) or inf where there are no more than `correction`.
+    divisor = op.Max(op.Sub(n, _constant(1.0 if correction is None else float(correction), x)), _constant(0.0, x))
+    var = op.Div(op.ReduceSum(op.Mul(centered, centered), reduce_axes, keepdims=1 if keepdim else 0), divisor)
+    if not keepdim:
+        mean = op.Squeeze(mean, reduce_axes) if axes else mean
+    return var, mean
+
+
+def _rounded(value, like):
+    """A double ``value`` in ``like``'s dtype."""
+    return value if like.dtype == ir.DataType.DOUBLE else op.Cast(value, to=like.dtype)
+
+
+@project_rule(prims.var.default)
+def prims_var(inp, dims: Sequence[int] | None, correction: float | None = 1, output_dtype: int = -1):
+    """var(Tensor inp, int[]? dims, float? correction=1, *, ScalarType? output_dtype=None) -> Tensor"""
+    if inp.dtype not in _FLOATS:
+        return torchlib_prims.prims_var(inp, dims, correction, output_dtype)
+    var, _ = _moments(inp, dims, correction, keepdim=False)
+    return op.Cast(var, to=output_dtype) if output_dtype not in (-1, None) else _rounded(var, inp)
+
+
+@project_rule(aten.var.correction)
+def aten_var_correction(self, dim: Sequence[int] | None = None, correction: float | None = None,
+                        keepdim: bool = False):
+    """var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor"""
+    var, _ = _moments(self, dim, correction, keepdim)
+    return _rounded(var, self)
+
+
+@project_rule(aten.std.correction)
+def aten_std_correction(self, dim: Sequence[int] | None = None, correction: float | None = None,
+                        keepdim: bool = False):
+    """std.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor"""
+    # Kept whole (not decomposed to sqrt(prims.var)): the square root is taken in double, before rounding.
+    var, _ = _moments(self, dim, correction, keepdim)
+    return _rounded(op.Sqrt(var), self)
+
+
+@project_rule(aten.var_mean.correction)
+def aten_var_mean_correction(self, dim: Sequence[int] | None = None, correction: float | None = None,
+                             keepdim: bool = False):
+    """var_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> (Tensor, Tensor)"""
+    var, mean = _moments(self, dim, correction, keepdim)
+    return _rounded(var, self), _rounded(mean, self)
+
+
+@project_rule(aten.std_mean.correction)
+def aten_std_mean_correction(self, dim: Sequence[int] | None = None, correction: float | None = None,
+                             keepdim: bool = False):
+    """std_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> (Tensor, Tensor)"""
+    var, mean = _moments(self, dim, correction, keepdim)
+    return _rounded(op.Sqrt(var), self), _rounded(mean, self)
 
 
 def _mean_of_nothing(self, axes: list[int], keepdim: bool, dtype: int):

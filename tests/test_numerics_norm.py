@@ -1,0 +1,98 @@
+"""Reductions and normalizations at the values where implementations part ways, against eager PyTorch:
+variances past float32's range, means over axes that are empty at run time, rows whose variance overflows,
+float64 constants (eps, momentum), softmax results below float32's normal range, infinities in softmax rows
+and products whose partial results overflow. Outputs, gradients and running statistics, float32 and float64.
+
+NaN and infinities must be where eager has them; finite values within a few units in the last place (ULPs) of
+eager's, or, where eager itself rounds differently from run to run of the same math (sums in another order),
+within an explicit relative tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+NAN, INF = float("nan"), float("inf")
+DTYPES = [torch.float32, torch.float64]
+
+
+def _ulps(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of floats at |x|: the smallest denormal at 0."""
+    a = x.detach().abs()
+    return torch.nextafter(a, torch.full_like(a, INF)) - a
+
+
+def _assert_matches(name: str, actual: torch.Tensor, expected: torch.Tensor, ulps: float) -> None:
+    """NaN and infinities where eager has them, finite values within ``ulps`` of eager's spacing."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (name, actual, expected)
+    a, e = actual.detach(), expected.detach()
+    bad = torch.isnan(a) != torch.isnan(e)
+    finite = torch.isfinite(e) & torch.isfinite(a)
+    bad |= ~torch.isnan(e) & ~finite & (a != e)  # an infinity of the wrong sign, or a finite value for one
+    bad |= finite & ((a.double() - e.double()).abs() > ulps * _ulps(e).double())
+    if bad.any():
+        rows = [f"  at {i}: eager {float(e[tuple(i)])!r}, compiled {float(a[tuple(i)])!r}"
+                for i in bad.nonzero().tolist()[:8]]
+        raise AssertionError(f"{name}: {int(bad.sum())} of {e.numel()} elements differ\n" + "\n".join(rows))
+
+
+def _check(fn, *inputs: torch.Tensor, dtype: torch.dtype, ulps: float = 4, grad: bool = True,
+           grad_ulps: float | None = None) -> None:
+    """``fn`` eagerly and through ``torch.compile(backend="aot2onnx")`` on equal copies of ``inputs`` (cast to
+    ``dtype``): every output and, with ``grad``, the gradient of every input under the same cotangents."""
+    eager_in = [x.detach().to(dtype, copy=True).requires_grad_(grad) for x in inputs]
+    comp_in = [x.detach().to(dtype, copy=True).requires_grad_(grad) for x in inputs]
+    out_e, out_c = fn(*eager_in), torch.compile(fn, backend="aot2onnx")(*comp_in)
+    outs_e, outs_c = torch.utils._pytree.tree_leaves(out_e), torch.utils._pytree.tree_leaves(out_c)
+    assert len(outs_e) == len(outs_c)
+    for i, (c, e) in enumerate(zip(outs_c, outs_e)):
+        _assert_matches(f"output {i}", c, e, ulps)
+    if not grad:
+        return
+    pairs = [(c, e) for c, e in zip(outs_c, outs_e) if e.requires_grad]
+    cotangents = [torch.linspace(-2.0, 3.0, e.numel(), dtype=dtype).reshape(e.shape) for _, e in pairs]
+    grads_e = torch.autograd.grad([e for _, e in pairs], eager_in, cotangents, allow_unused=True)
+    grads_c = torch.autograd.grad([c for c, _ in pairs], comp_in, cotangents, allow_unused=True)
+    for i, (c, e) in enumerate(zip(grads_c, grads_e)):
+        if e is None:
+            assert c is None or not c.any(), f"gradient {i}"
+            continue
+        _assert_matches(f"gradient {i}", c, e, ulps if grad_ulps is None else grad_ulps)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# std and var: ATen accumulates in double, whatever the float dtype
+
+
+# Rows whose means do not cancel (a mean of 1e30 - 1e30 + 5 depends on the order of the sum, in eager too)
+HUGE_ROWS = torch.tensor([[1e30, -1e30, 0.0, 0.0], [3e19, -3e19, 3e19, -2e19], [1e20, 2e20, 3e20, 4e20],
+                          [1.0, 2.0, 3.0, 4.0]])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("correction", [0, 1])
+def test_std_and_var_of_deviations_whose_squares_overflow_float32(dtype, correction):
+    """std([1e30, -1e30, 0, 0]) is 8e29 in eager, whose double accumulators hold the squares (1e60); a
+    float32 sum of squares overflowed to inf."""
+
+    def fn(x):
+        return (torch.std(x, dim=1, correction=correction), torch.var(x, dim=1, correction=correction),
+                torch.std(x, correction=correction), *torch.std_mean(x, dim=1, correction=correction, keepdim=True),
+                *torch.var_mean(x, dim=0, correction=correction))
+
+    _check(fn, HUGE_ROWS, dtype=dtype)
+
+
+def test_std_and_var_past_float32_range_are_inf_as_in_eager():
+    """A variance of 1e60 is inf in float32 (eager too); its square root 1e30 is not."""
+    x = torch.tensor([[1e30, -1e30, 0.0], [3e38, 3e38, -3e38]])
+    _check(lambda x: (torch.var(x, dim=1), torch.std(x, dim=1)), x, dtype=torch.float32, grad=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_var_of_no_more_elements_than_the_correction(dtype):
+    """ATen divides by max(n - correction, 0): NaN (0 / 0) for one element with correction 1, inf beyond."""
+    x = torch.tensor([[1.0, 3.0], [2.0, 2.0]])
+    _check(lambda x: (torch.var(x[:, :1], dim=1), torch.var(x, dim=1, correction=2), torch.std(x[0, 0])),
+           x, dtype=dtype, grad=False)
