@@ -96,3 +96,23 @@ def test_var_of_no_more_elements_than_the_correction(dtype):
     x = torch.tensor([[1.0, 3.0], [2.0, 2.0]])
     _check(lambda x: (torch.var(x[:, :1], dim=1), torch.var(x, dim=1, correction=2), torch.std(x[0, 0])),
            x, dtype=dtype, grad=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# mean over an axis that is empty at run time
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mean_over_an_axis_that_is_empty_at_run_time_is_nan(dtype):
+    """ONNX Runtime's ReduceMean over no elements gives 0; ATen's mean is 0 / 0 = NaN. With an unbacked size
+    the graph cannot know the axis is empty."""
+
+    def fn(x):
+        return x.mean(dim=1), x.mean(), x.mean(dim=1, keepdim=True), torch.var(x, dim=1)
+
+    compiled = torch.compile(fn, backend="aot2onnx")
+    for columns in (3, 0):
+        x = torch.arange(2.0 * columns, dtype=dtype).reshape(2, columns)
+        torch._dynamo.decorators.mark_unbacked(x, 1)
+        for i, (c, e) in enumerate(zip(compiled(x), fn(x))):
+            _assert_matches(f"{columns} columns, output {i}", c, e, ulps=2)

@@ -573,16 +573,18 @@ def aten_std_mean_correction(self, dim: Sequence[int] | None = None, correction:
     return _rounded(op.Sqrt(var), self), _rounded(mean, self)
 
 
-def _mean_of_nothing(self, axes: list[int], keepdim: bool, dtype: int):
-    """A mean over axes of static size 0 is NaN in ATen (0 / 0); ONNX Runtime's ReduceMean gives 0."""
+def _mean_by_count(self, axes: list[int], keepdim: bool, dtype: int):
+    """sum / count: a mean that is NaN (0 / 0) over no elements, as in ATen, where ONNX Runtime's
+    ReduceMean gives 0. For reduced sizes that are 0, or symbolic (0 at run time, perhaps)."""
+    if dtype not in (-1, None):
+        self = _with_shape(op.Cast(self, to=dtype), self)
     total = op.ReduceSum(self, op.Constant(value_ints=axes), keepdims=1 if keepdim else 0)
-    result = op.Div(total, op.CastLike(op.Constant(value_float=0.0), total))
-    return op.Cast(result, to=dtype) if dtype not in (-1, None) else result
+    return op.Div(total, _count(self, axes, total))
 
 
-def _reduces_nothing(self, axes: list[int]) -> bool:
-    shape = self.shape
-    return shape is not None and any(isinstance(shape[a], int) and shape[a] == 0 for a in axes)
+def _maybe_empty(self, axes: list[int]) -> bool:
+    """Whether a reduction over ``axes`` may read no elements: a reduced size is 0 or not static."""
+    return any(not isinstance(self.shape[a], int) or self.shape[a] == 0 for a in axes)
 
 
 @project_rule(aten.mean.dim)
@@ -590,8 +592,8 @@ def aten_mean_dim(self, dim: Sequence[int] | None = None, keepdim: bool = False,
     """mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor"""
     rank = 0 if self.shape is None else len(self.shape)
     axes = _axes(dim, rank) if rank else []
-    if axes and _reduces_nothing(self, axes):
-        return _mean_of_nothing(self, axes, keepdim, dtype)
+    if axes and _maybe_empty(self, axes):
+        return _mean_by_count(self, axes, keepdim, dtype)
     return torchlib_core.aten_mean_dim(self, dim, keepdim, dtype)
 
 
@@ -599,6 +601,6 @@ def aten_mean_dim(self, dim: Sequence[int] | None = None, keepdim: bool = False,
 def aten_mean(self, dtype: int = -1):
     """mean(Tensor self, *, ScalarType? dtype=None) -> Tensor"""
     rank = 0 if self.shape is None else len(self.shape)
-    if rank and _reduces_nothing(self, list(range(rank))):
-        return _mean_of_nothing(self, list(range(rank)), False, dtype)
+    if rank and _maybe_empty(self, list(range(rank))):
+        return _mean_by_count(self, list(range(rank)), False, dtype)
     return torchlib_core.aten_mean(self, dtype)
