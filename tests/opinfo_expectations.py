@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from aot2onnx import coverage
+from aot2onnx.tools import coverage
 
 __all__ = ["CRASHES", "OUTCOMES", "Entry", "XFail", "ENTRIES", "entry", "xfail", "tolerance"]
 

@@ -52,10 +52,10 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_map
 
 import aot2onnx
-from aot2onnx import coverage
 from aot2onnx.errors import LoweringError, RuntimeSessionError, UnsupportedOpError
 from aot2onnx.runtime.kernels import require_runnable
 from aot2onnx.runtime.session import OrtGraph
+from aot2onnx.tools import coverage
 
 _backend_module = importlib.import_module("aot2onnx.compile.backend")
 _translate_module = importlib.import_module("aot2onnx.lower.translate")

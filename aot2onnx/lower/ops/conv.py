@@ -10,15 +10,17 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
+from aot2onnx.lower.ops._common import static_dims
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
 
 
-def _static_dims(value: ir.Value) -> list[int] | None:
-    if value.shape is None or not all(isinstance(d, int) for d in value.shape):
+def _static_spatial(value: ir.Value) -> list[int] | None:
+    """The spatial sizes (after batch and channels) where they are known, whatever the batch is."""
+    if value.shape is None or not all(isinstance(d, int) for d in list(value.shape)[2:]):
         return None
-    return list(value.shape)
+    return list(value.shape)[2:]
 
 
 # Where the input gradient of a stride-1 convolution runs as a convolution rather than a transposed one:
@@ -50,7 +52,7 @@ def _grad_input(grad_output, input, weight, stride, padding, dilation, groups):
     # The input gradient is the transposed convolution of grad_output with the same weight; torch's
     # (C_out, C_in/groups, *k) layout is exactly ConvTranspose's (C, M/group, *k) with C = C_out.
     spatial = len(stride)
-    in_dims, go_dims, w_dims = _static_dims(input), _static_dims(grad_output), _static_dims(weight)
+    in_dims, w_dims = static_dims(input), static_dims(weight)
     if (
         in_dims is not None
         and w_dims is not None
@@ -61,22 +63,27 @@ def _grad_input(grad_output, input, weight, stride, padding, dilation, groups):
         and math.prod(in_dims[2:]) >= _CONV_GRAD_MIN_POSITIONS
     ):
         return _grad_input_as_conv(grad_output, weight, w_dims, padding, dilation)
-    if in_dims is not None and go_dims is not None and w_dims is not None:
-        # Forward convolution drops trailing rows that no window covers; output_padding restores them.
+    in_sp, go_sp, w_sp = _static_spatial(input), _static_spatial(grad_output), _static_spatial(weight)
+    if in_sp is not None and go_sp is not None and w_sp is not None:
+        # The forward's windows stop short of the padded input's end by up to stride - 1 rows; output_padding
+        # gives them back. Those rows can still be read by the last window (a padded input of even size at
+        # stride 2), so they are ConvTranspose's to compute, not zeros. Only spatial sizes matter: the batch
+        # may be symbolic.
         output_padding = [
-            in_dims[2 + i]
-            - ((go_dims[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (w_dims[2 + i] - 1) + 1)
+            in_sp[i] - ((go_sp[i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (w_sp[i] - 1) + 1)
             for i in range(spatial)
         ]
         return op.ConvTranspose(
             grad_output, weight, strides=stride, pads=list(padding) * 2, dilations=dilation,
             group=groups, output_padding=output_padding,
         )
-    # Symbolic sizes: transpose-convolve without output_padding, then pad the end up to the input's size.
-    grad = op.ConvTranspose(
-        grad_output, weight, strides=stride, pads=list(padding) * 2, dilations=dilation, group=groups
-    )
-    missing = op.Sub(op.Shape(input, start=2), op.Shape(grad, start=2))
+    # Symbolic spatial sizes: the unpadded transposed convolution is the gradient of the padded input, whose
+    # rows [padding, padding + size) are the input's. Rows past its end are read by no window: zeros.
+    full = op.ConvTranspose(grad_output, weight, strides=stride, dilations=dilation, group=groups)
+    starts = op.Constant(value_ints=list(padding))
+    size = op.Shape(input, start=2)
+    grad = op.Slice(full, starts, op.Add(starts, size), op.Constant(value_ints=list(range(2, 2 + spatial))))
+    missing = op.Sub(size, op.Shape(grad, start=2))
     # Pad's pads are all begins, then all ends: nothing at the beginning, the missing rows at the end.
     zeros = op.Constant(value_ints=[0] * (spatial + 2))
     pads = op.Concat(zeros, op.Constant(value_ints=[0, 0]), missing, axis=0)
@@ -103,7 +110,7 @@ def _grad_weight_unfolded(grad_output, input, weight, stride, padding, dilation,
     (N, g, Cout/g, P) and summed over N. ONNX Runtime's convolution computes the same sum as a
     convolution with a kernel as large as the image, which runs several times slower.
     """
-    in_dims, go_dims, w_dims = _static_dims(input), _static_dims(grad_output), _static_dims(weight)
+    in_dims, go_dims, w_dims = static_dims(input), static_dims(grad_output), static_dims(weight)
     if in_dims is None or go_dims is None or w_dims is None:
         return None
     n, c_in, c_out = in_dims[0], in_dims[1], go_dims[1]

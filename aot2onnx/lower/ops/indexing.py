@@ -8,15 +8,11 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
+from aot2onnx.lower.ops._common import FLOATS, flat
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
 
-_FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-
-
-def _flat(x):
-    return op.Reshape(x, op.Constant(value_ints=[-1]))
 
 
 @project_rule(aten.nonzero.default)
@@ -35,7 +31,7 @@ def aten_masked_select(self, mask):
     # Expand broadcasts both ways, so self and mask take their common shape.
     self = op.Expand(self, op.Shape(mask))
     mask = op.Expand(mask, op.Shape(self))
-    return op.Compress(_flat(self), _flat(mask), axis=0)
+    return op.Compress(flat(self), flat(mask), axis=0)
 
 
 @project_rule(aten.masked_scatter_backward.default)
@@ -44,7 +40,7 @@ def aten_masked_scatter_backward(grad_output, mask, sizes):
     # The gradient of masked_scatter's source: the masked elements of grad_output, in order, padded with
     # zeros to the source's size.
     mask = op.Expand(mask, op.Shape(grad_output))
-    selected = op.Compress(_flat(grad_output), _flat(mask), axis=0)
+    selected = op.Compress(flat(grad_output), flat(mask), axis=0)
     total = 1
     for size in sizes:
         total *= size
@@ -61,9 +57,9 @@ def _wrapped(index, numel):
 @project_rule(aten.put.default)
 def aten_put(self, index, source, accumulate: bool = False):
     """put(Tensor self, Tensor index, Tensor source, bool accumulate=False) -> Tensor"""
-    index = _wrapped(_flat(op.Cast(index, to=ir.DataType.INT64)), op.Size(self))
+    index = _wrapped(flat(op.Cast(index, to=ir.DataType.INT64)), op.Size(self))
     updated = op.ScatterElements(
-        _flat(self), index, _flat(source), axis=0, reduction="add" if accumulate else "none"
+        flat(self), index, flat(source), axis=0, reduction="add" if accumulate else "none"
     )
     return op.Reshape(updated, op.Shape(self))
 
@@ -75,7 +71,7 @@ _REDUCTION = {"prod": "mul", "amax": "max", "amin": "min", "mean": "add"}
 @project_rule(aten.index_reduce.default)
 def aten_index_reduce(self, dim: int, index, source, reduce: str, include_self: bool = True):
     """index_reduce(Tensor self, int dim, Tensor index, Tensor source, str reduce, *, bool include_self=True) -> Tensor"""
-    rank, floating = len(self.shape), self.dtype in _FLOATS
+    rank, floating = len(self.shape), self.dtype in FLOATS
     if rank == 0:
         self, source = op.Reshape(self, op.Constant(value_ints=[1])), op.Reshape(source, op.Constant(value_ints=[1]))
     dim = dim % max(rank, 1)
@@ -115,7 +111,7 @@ def _searchsorted(sorted_sequence, values, out_int32: bool, right: bool, side: s
     probes = op.Unsqueeze(values, op.Constant(value_ints=[-1]))  # [..., m, 1]
     # The insertion point is how many boundaries sort before the value (left) or not after it (right).
     before = op.LessOrEqual(boundaries, probes) if right else op.Less(boundaries, probes)
-    if values.dtype in _FLOATS:
+    if values.dtype in FLOATS:
         # ATen sorts NaN after every number: a NaN value goes after every non-NaN boundary (and, for right,
         # after NaN boundaries too).
         nan_probe = op.IsNaN(probes)
@@ -171,15 +167,15 @@ def aten_unique_consecutive(self, return_inverse: bool = False, return_counts: b
     """unique_consecutive(Tensor self, bool return_inverse=False, bool return_counts=False, int? dim=None) -> (Tensor, Tensor, Tensor)"""
     if dim is not None:
         raise NotImplementedError("unique_consecutive along a dim")
-    flat = _flat(self)
-    n = op.Shape(flat)
+    values_in = flat(self)
+    n = op.Shape(values_in)
     zero, one = op.Constant(value_ints=[0]), op.Constant(value_ints=[1])
     # An element starts a run where it differs from the one before it (the first always does).
-    previous = op.Slice(flat, zero, op.Sub(n, one))
-    current = op.Slice(flat, one, n)
+    previous = op.Slice(values_in, zero, op.Sub(n, one))
+    current = op.Slice(values_in, one, n)
     starts = op.Concat(op.Constant(value=ir.tensor([True])), op.Not(op.Equal(current, previous)), axis=0)
     starts = op.Slice(starts, zero, n)  # an empty input has no first element
-    values = op.Compress(flat, starts, axis=0)
+    values = op.Compress(values_in, starts, axis=0)
     empty = op.Constant(value=ir.tensor(np.zeros((0,), dtype=np.int64)))
     inverse = op.Reshape(op.Sub(op.CumSum(op.Cast(starts, to=ir.DataType.INT64), op.Constant(value_int=0)), op.Constant(
         value_int=1)), op.Shape(self)) if return_inverse else empty

@@ -29,6 +29,7 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
+from aot2onnx.lower.ops._common import float64_constant
 from aot2onnx.lower.ops._control import loop
 from aot2onnx.lower.registry import project_rule
 
@@ -36,10 +37,6 @@ aten = torch.ops.aten
 
 _DOUBLE = ir.DataType.DOUBLE
 _SWEEPS = 10
-
-
-def _const(value) -> ir.Value:
-    return op.Constant(value=ir.tensor(np.asarray(value, dtype=np.float64)))
 
 
 def _mask(values) -> ir.Value:
@@ -93,7 +90,7 @@ class M:
     def diagonal(self):
         """[..., min(rows, cols)]."""
         axis = -1 if self.rows <= self.cols else -2
-        return op.ReduceSum(op.Mul(self.v, _const(np.eye(self.rows, self.cols))), _ints([axis]), keepdims=0)
+        return op.ReduceSum(op.Mul(self.v, float64_constant(np.eye(self.rows, self.cols))), _ints([axis]), keepdims=0)
 
     def out(self, like):
         return op.CastLike(self.v, like)
@@ -109,12 +106,12 @@ def _last(x):
 
 
 def _eye(n: int, like: M) -> M:
-    return M(_const(np.eye(n)), 2, n, n)
+    return M(float64_constant(np.eye(n)), 2, n, n)
 
 
 def _triangle(a: M, lower: bool, diagonal: int = 0) -> M:
     mask = np.tril(np.ones((a.rows, a.cols)), diagonal) if lower else np.triu(np.ones((a.rows, a.cols)), diagonal)
-    return a.like(op.Mul(a.v, _const(mask)))
+    return a.like(op.Mul(a.v, float64_constant(mask)))
 
 
 # --- triangular solves ---------------------------------------------------------------------------------
@@ -150,7 +147,7 @@ def _substitute(t: M, b: M, unit: bool, upper: bool) -> M:
         index = op.Sub(op.Constant(value_int=n - 1), i) if upper else i
         row = op.Gather(t.v, index, axis=-2)  # [..., n]
         solved = op.Greater(positions, index) if upper else op.Less(positions, index)
-        row = op.Where(solved, row, _const(0.0))
+        row = op.Where(solved, row, float64_constant(0.0))
         acc = op.Sub(op.Gather(b.v, index, axis=-2), op.Squeeze(op.MatMul(op.Unsqueeze(row, _ints([-2])), x), _ints([-2])))
         if not unit:
             acc = op.Div(acc, _last(op.Gather(op.Gather(t.v, index, axis=-2), index, axis=-1)))
@@ -209,14 +206,14 @@ def _cholesky_lower(a: M):
         s = op.Sub(op.Gather(a.v, j, axis=-1),
                    op.Squeeze(op.MatMul(factor, op.Unsqueeze(op.Gather(factor, j, axis=-2), _ints([-1]))), _ints([-1])))
         pivot = op.Gather(s, j, axis=-1)
-        column = op.Where(op.GreaterOrEqual(positions, j), op.Div(s, _last(op.Sqrt(pivot))), _const(0.0))
+        column = op.Where(op.GreaterOrEqual(positions, j), op.Div(s, _last(op.Sqrt(pivot))), float64_constant(0.0))
         factor = op.Where(op.Equal(positions, j), op.Unsqueeze(column, _ints([-1])), factor)
-        failed = op.And(op.Equal(info, _int32(0)), op.Not(op.Greater(pivot, _const(0.0))))
+        failed = op.And(op.Equal(info, _int32(0)), op.Not(op.Greater(pivot, float64_constant(0.0))))
         info = op.Where(failed, op.Cast(op.Add(j, op.Constant(value_int=1)), to=ir.DataType.INT32), info)
         return [factor, info]
 
-    factor0 = op.Mul(a.v, _const(0.0))
-    factor0 = op.Where(op.IsNaN(factor0), _const(0.0), factor0)
+    factor0 = op.Mul(a.v, float64_constant(0.0))
+    factor0 = op.Where(op.IsNaN(factor0), float64_constant(0.0), factor0)
     factor0.dtype = _DOUBLE
     info0 = op.Expand(_int32(0), op.Shape(a.v, end=-2))
     info0.dtype = ir.DataType.INT32
@@ -281,7 +278,7 @@ def _getrf(a: M):
 
     def step(j, lu, perm, pivots, info):
         column = op.Gather(lu, j, axis=-1)  # [..., m]
-        candidates = op.Where(op.GreaterOrEqual(positions, j), op.Abs(column), _const(-1.0))
+        candidates = op.Where(op.GreaterOrEqual(positions, j), op.Abs(column), float64_constant(-1.0))
         p = op.ArgMax(candidates, axis=-1, keepdims=1)  # [..., 1], the first largest
         # Swap rows j and p.
         swap = op.Where(op.Equal(positions, j), p, op.Where(op.Equal(positions, p), j, positions))  # [..., m]
@@ -289,14 +286,14 @@ def _getrf(a: M):
         perm = op.GatherElements(perm, swap, axis=-1)
         pivots = op.Where(op.Equal(_positions(k), j), op.Cast(op.Add(p, op.Constant(value_int=1)), to=ir.DataType.INT32), pivots)
         pivot = op.Gather(op.Gather(lu, j, axis=-2), j, axis=-1)
-        singular = op.Equal(pivot, _const(0.0))
+        singular = op.Equal(pivot, float64_constant(0.0))
         info = op.Where(op.And(singular, op.Equal(info, _int32(0))), op.Cast(op.Add(j, op.Constant(value_int=1)), to=ir.DataType.INT32), info)
         # Multipliers below the pivot (left unscaled when the pivot is zero, as LAPACK does), then the
         # rank-one update of the trailing block.
         column = op.Gather(lu, j, axis=-1)
         below = op.Greater(positions, j)
-        multipliers = op.Where(below, op.Where(_last(singular), column, op.Div(column, _last(pivot))), _const(0.0))
-        urow = op.Where(op.Greater(columns, j), op.Gather(lu, j, axis=-2), _const(0.0))  # [..., n]
+        multipliers = op.Where(below, op.Where(_last(singular), column, op.Div(column, _last(pivot))), float64_constant(0.0))
+        urow = op.Where(op.Greater(columns, j), op.Gather(lu, j, axis=-2), float64_constant(0.0))  # [..., n]
         lu = op.Sub(lu, op.Mul(op.Unsqueeze(multipliers, _ints([-1])), op.Unsqueeze(urow, _ints([-2]))))
         column_j = op.And(op.Greater(rows, j), op.Equal(columns, j))  # [m, n]
         lu = op.Where(column_j, op.Unsqueeze(multipliers, _ints([-1])), lu)
@@ -324,8 +321,8 @@ def _unpack(lu: M):
     k = min(m, n)
     lower = np.tril(np.ones((m, k)), -1)
     unit = np.eye(m, k)
-    l_value = op.Add(op.Mul(op.Slice(lu.v, _ints([0]), _ints([k]), _ints([-1])), _const(lower)), _const(unit))
-    u_value = op.Mul(op.Slice(lu.v, _ints([0]), _ints([k]), _ints([-2])), _const(np.triu(np.ones((k, n)))))
+    l_value = op.Add(op.Mul(op.Slice(lu.v, _ints([0]), _ints([k]), _ints([-1])), float64_constant(lower)), float64_constant(unit))
+    u_value = op.Mul(op.Slice(lu.v, _ints([0]), _ints([k]), _ints([-2])), float64_constant(np.triu(np.ones((k, n)))))
     return M(l_value, lu.rank, m, k), M(u_value, lu.rank, k, n)
 
 
@@ -355,7 +352,7 @@ def _gather_rows(b: M, perm) -> M:
 def _scatter_rows(z: M, perm) -> M:
     """x with x[perm[i]] = z[i]: P z."""
     index = op.Expand(_last(perm), op.Shape(z.v))
-    return z.like(op.ScatterElements(op.Mul(z.v, _const(0.0)), index, z.v, axis=-2))
+    return z.like(op.ScatterElements(op.Mul(z.v, float64_constant(0.0)), index, z.v, axis=-2))
 
 
 def _lu_solve(lu: M, perm, b: M, left: bool, adjoint: bool) -> M:
@@ -443,11 +440,11 @@ def aten_linalg_inv_ex(A, check_errors: bool = False):
 def _swap_parity(pivots, k: int):
     """(-1) ** (number of actual row swaps) as float64, from 1-based pivots."""
     if k == 0:
-        return _const(1.0)
+        return float64_constant(1.0)
     steps = op.Constant(value=ir.tensor(np.arange(1, k + 1, dtype=np.int32)))
     swaps = op.ReduceSum(op.Cast(op.Not(op.Equal(pivots, steps)), to=ir.DataType.INT64), _ints([-1]), keepdims=0)
     odd = op.Cast(op.Mod(swaps, op.Constant(value_int=2)), to=_DOUBLE)
-    return op.Sub(_const(1.0), op.Mul(_const(2.0), odd))
+    return op.Sub(float64_constant(1.0), op.Mul(float64_constant(2.0), odd))
 
 
 @project_rule(aten._linalg_det.default)
@@ -456,7 +453,7 @@ def aten__linalg_det(A):
     a = M.of(A)
     lu, pivots, _, _ = _getrf(a)
     if a.rows == 0:
-        det = op.Expand(_const(1.0), op.Shape(A, end=-2))
+        det = op.Expand(float64_constant(1.0), op.Shape(A, end=-2))
     else:
         det = op.Mul(op.ReduceProd(lu.diagonal(), _ints([-1]), keepdims=0), _swap_parity(pivots, a.rows))
     return op.CastLike(det, A), lu.out(A), pivots
@@ -469,7 +466,7 @@ def aten__linalg_slogdet(A):
     lu, pivots, _, _ = _getrf(a)
     if a.rows == 0:
         batch = op.Shape(A, end=-2)
-        sign, logabsdet = op.Expand(_const(1.0), batch), op.Expand(_const(0.0), batch)
+        sign, logabsdet = op.Expand(float64_constant(1.0), batch), op.Expand(float64_constant(0.0), batch)
     else:
         diagonal = lu.diagonal()
         sign = op.Mul(op.ReduceProd(op.Sign(diagonal), _ints([-1]), keepdims=0), _swap_parity(pivots, a.rows))
@@ -498,10 +495,10 @@ def higher_order_with_effects(token, effectful_op, *args, **kwargs):
 
 def _jacobi_angle(theta, zero):
     """(c, s) of the rotation that zeroes an off-diagonal entry, from theta = (a_qq - a_pp) / (2 a_pq)."""
-    sign = op.Where(op.Less(theta, _const(0.0)), _const(-1.0), _const(1.0))
-    t = op.Div(sign, op.Add(op.Abs(theta), op.Sqrt(op.Add(op.Mul(theta, theta), _const(1.0)))))
-    t = op.Where(zero, _const(0.0), t)
-    c = op.Div(_const(1.0), op.Sqrt(op.Add(op.Mul(t, t), _const(1.0))))
+    sign = op.Where(op.Less(theta, float64_constant(0.0)), float64_constant(-1.0), float64_constant(1.0))
+    t = op.Div(sign, op.Add(op.Abs(theta), op.Sqrt(op.Add(op.Mul(theta, theta), float64_constant(1.0)))))
+    t = op.Where(zero, float64_constant(0.0), t)
+    c = op.Div(float64_constant(1.0), op.Sqrt(op.Add(op.Mul(t, t), float64_constant(1.0))))
     return c, op.Mul(t, c)
 
 
@@ -560,23 +557,23 @@ def _eigh(a: M, lower: bool):
     triangle = _triangle(a, lower)
     s = triangle.like(op.Add(triangle.v, _triangle(a, lower, -1 if lower else 1).T.v))
     if n == 0:
-        return op.Expand(_const(np.zeros((0,))), op.Concat(op.Shape(a.v, end=-2), _ints([0]), axis=0)), a
+        return op.Expand(float64_constant(np.zeros((0,))), op.Concat(op.Shape(a.v, end=-2), _ints([0]), axis=0)), a
     if n == 1:
-        return s.diagonal(), a.like(op.Expand(_const(np.eye(1)), op.Shape(a.v)))
+        return s.diagonal(), a.like(op.Expand(float64_constant(np.eye(1)), op.Shape(a.v)))
     s_value, ne = _pad_even(s, n, square=True)
-    v_value = op.Expand(_const(np.eye(ne)), op.Shape(s_value))
+    v_value = op.Expand(float64_constant(np.eye(ne)), op.Shape(s_value))
     p_table, q_table = _round_robin(ne)
     ep = op.Constant(value=ir.tensor(np.eye(ne)[p_table]))  # [rounds, n / 2, n]: one-hot rows of p
     eq = op.Constant(value=ir.tensor(np.eye(ne)[q_table]))
 
     def rotate(p, q, r, s_value, v_value):
         # The rotation of each pair, all at once: J = P^T c P + Q^T c Q + P^T s Q - Q^T s P.
-        diagonal = op.ReduceSum(op.Mul(s_value, _const(np.eye(ne))), _ints([-1]), keepdims=0)  # [..., n]
+        diagonal = op.ReduceSum(op.Mul(s_value, float64_constant(np.eye(ne))), _ints([-1]), keepdims=0)  # [..., n]
         app, aqq = op.Gather(diagonal, p, axis=-1), op.Gather(diagonal, q, axis=-1)
         rows = op.Gather(s_value, p, axis=-2)  # [..., n / 2, n]
         apq = op.Squeeze(op.GatherElements(rows, op.Expand(_last(q), op.Concat(op.Shape(rows, end=-1), _ints([1]), axis=0)), axis=-1), _ints([-1]))
-        zero = op.Equal(apq, _const(0.0))
-        theta = op.Div(op.Sub(aqq, app), op.Mul(_const(2.0), op.Where(zero, _const(1.0), apq)))
+        zero = op.Equal(apq, float64_constant(0.0))
+        theta = op.Div(op.Sub(aqq, app), op.Mul(float64_constant(2.0), op.Where(zero, float64_constant(1.0), apq)))
         c, sn = _jacobi_angle(theta, zero)  # [..., n / 2]
         pm, qm = op.Gather(ep, r, axis=0), op.Gather(eq, r, axis=0)  # [n / 2, n]
         pt, qt = op.Transpose(pm, perm=[1, 0]), op.Transpose(qm, perm=[1, 0])
@@ -611,10 +608,10 @@ def _svd_tall(a: M):
     n = a.cols
     if n <= 1:
         w_value, ne = a.v, n
-        v_value = op.Expand(_const(np.eye(n)), op.Concat(op.Shape(a.v, end=-2), _ints([n, n]), axis=0))
+        v_value = op.Expand(float64_constant(np.eye(n)), op.Concat(op.Shape(a.v, end=-2), _ints([n, n]), axis=0))
     else:
         w_value, ne = _pad_even(a, n, square=False)
-        v_value = op.Expand(_const(np.eye(ne)), op.Concat(op.Shape(a.v, end=-2), _ints([ne, ne]), axis=0))
+        v_value = op.Expand(float64_constant(np.eye(ne)), op.Concat(op.Shape(a.v, end=-2), _ints([ne, ne]), axis=0))
         p_table, q_table = _round_robin(ne)
         # Where column j lands in concat(rotated p columns, rotated q columns), per round.
         inverse = np.argsort(np.concatenate([p_table, q_table], axis=1), axis=1).astype(np.int64)
@@ -626,8 +623,8 @@ def _svd_tall(a: M):
             alpha = op.ReduceSum(op.Mul(wp, wp), rows, keepdims=1)
             beta = op.ReduceSum(op.Mul(wq, wq), rows, keepdims=1)
             gamma = op.ReduceSum(op.Mul(wp, wq), rows, keepdims=1)
-            zero = op.Equal(gamma, _const(0.0))
-            zeta = op.Div(op.Sub(beta, alpha), op.Mul(_const(2.0), op.Where(zero, _const(1.0), gamma)))
+            zero = op.Equal(gamma, float64_constant(0.0))
+            zeta = op.Div(op.Sub(beta, alpha), op.Mul(float64_constant(2.0), op.Where(zero, float64_constant(1.0), gamma)))
             c, s = _jacobi_angle(zeta, zero)  # [..., 1, n / 2]
             back = op.Gather(inverse_all, r, axis=0)
 
@@ -644,8 +641,8 @@ def _svd_tall(a: M):
             v_value = op.Slice(op.Slice(v_value, _ints([0]), _ints([n]), _ints([-1])), _ints([0]), _ints([n]), _ints([-2]))
     w, v = a.like(w_value), a.like(v_value, n, n)
     norms = op.Sqrt(op.ReduceSum(op.Mul(w.v, w.v), _ints([-2]), keepdims=0))  # [..., n]
-    safe = op.Where(op.Equal(norms, _const(0.0)), _const(1.0), norms)
-    u = w.like(op.Mul(op.Div(w.v, op.Unsqueeze(safe, _ints([-2]))), op.Unsqueeze(op.Cast(op.Greater(norms, _const(0.0)), to=_DOUBLE), _ints([-2]))))
+    safe = op.Where(op.Equal(norms, float64_constant(0.0)), float64_constant(1.0), norms)
+    u = w.like(op.Mul(op.Div(w.v, op.Unsqueeze(safe, _ints([-2]))), op.Unsqueeze(op.Cast(op.Greater(norms, float64_constant(0.0)), to=_DOUBLE), _ints([-2]))))
     s_sorted, u = _sorted_columns(norms, u, descending=True)
     _, v = _sorted_columns(norms, v, descending=True)
     return u, s_sorted, v
@@ -669,9 +666,9 @@ def aten__linalg_svd(A, full_matrices: bool = False, compute_uv: bool = True, dr
         batch = op.Shape(A, end=-2)
         k = 0
         u_cols, v_rows = (a.rows, a.cols) if full_matrices else (k, k)
-        u = op.Expand(_const(np.eye(a.rows, u_cols)), op.Concat(batch, _ints([a.rows, u_cols]), axis=0))
-        vh = op.Expand(_const(np.eye(v_rows, a.cols)), op.Concat(batch, _ints([v_rows, a.cols]), axis=0))
-        s = op.Expand(_const(np.zeros((0,))), op.Concat(batch, _ints([0]), axis=0))
+        u = op.Expand(float64_constant(np.eye(a.rows, u_cols)), op.Concat(batch, _ints([a.rows, u_cols]), axis=0))
+        vh = op.Expand(float64_constant(np.eye(v_rows, a.cols)), op.Concat(batch, _ints([v_rows, a.cols]), axis=0))
+        s = op.Expand(float64_constant(np.zeros((0,))), op.Concat(batch, _ints([0]), axis=0))
         return op.CastLike(u, A), op.CastLike(s, A), op.CastLike(vh, A)
     u, s, v = _svd(a)
     if not compute_uv:
@@ -692,15 +689,15 @@ def aten_linalg_pinv_atol_rtol_tensor(self, atol=None, rtol=None, hermitian: boo
         return op.CastLike(op.ConstantOfShape(op.Concat(op.Shape(self, end=-2), _ints([a.cols, a.rows]), axis=0)), self)
     u, s, v = _svd(a)
     largest = op.ReduceMax(s, _ints([-1]), keepdims=1)
-    atol_value = _const(0.0) if atol is None else _last(op.Cast(atol, to=_DOUBLE))
+    atol_value = float64_constant(0.0) if atol is None else _last(op.Cast(atol, to=_DOUBLE))
     if rtol is None:
         eps = float(np.finfo(self.dtype.numpy()).eps) * max(a.rows, a.cols)
-        rtol_value = _const(eps) if atol is None else op.Where(op.Greater(atol_value, _const(0.0)), _const(0.0), _const(eps))
+        rtol_value = float64_constant(eps) if atol is None else op.Where(op.Greater(atol_value, float64_constant(0.0)), float64_constant(0.0), float64_constant(eps))
     else:
         rtol_value = _last(op.Cast(rtol, to=_DOUBLE))
     threshold = op.Max(atol_value, op.Mul(rtol_value, largest))
     kept = op.Greater(s, threshold)
-    inverse = op.Where(kept, op.Div(_const(1.0), op.Where(kept, s, _const(1.0))), _const(0.0))
+    inverse = op.Where(kept, op.Div(float64_constant(1.0), op.Where(kept, s, float64_constant(1.0))), float64_constant(0.0))
     scaled = v.like(op.Mul(v.v, op.Unsqueeze(inverse, _ints([-2]))))
     return (scaled @ u.T).out(self)
 
@@ -719,18 +716,18 @@ def aten_linalg_matrix_exp(self):
     a = M.of(self)
     n = a.rows
     norm = op.ReduceMax(op.ReduceSum(op.Abs(a.v), _ints([-2]), keepdims=0), _ints([-1]), keepdims=0)
-    s = op.Max(op.Ceil(op.Div(op.Log(op.Max(norm, _const(1e-300))), _const(np.log(2.0)))), _const(0.0))
-    s = op.Min(s, _const(float(_MAX_SQUARINGS)))
-    x = a.like(op.Div(a.v, op.Unsqueeze(op.Pow(_const(2.0), s), _ints([-1, -2]))))
-    eye = _const(np.eye(n))
-    result, term = a.like(op.Add(eye, op.Mul(x.v, _const(0.0)))), a.like(op.Add(eye, op.Mul(x.v, _const(0.0))))
+    s = op.Max(op.Ceil(op.Div(op.Log(op.Max(norm, float64_constant(1e-300))), float64_constant(np.log(2.0)))), float64_constant(0.0))
+    s = op.Min(s, float64_constant(float(_MAX_SQUARINGS)))
+    x = a.like(op.Div(a.v, op.Unsqueeze(op.Pow(float64_constant(2.0), s), _ints([-1, -2]))))
+    eye = float64_constant(np.eye(n))
+    result, term = a.like(op.Add(eye, op.Mul(x.v, float64_constant(0.0)))), a.like(op.Add(eye, op.Mul(x.v, float64_constant(0.0))))
     for k in range(1, _TAYLOR_DEGREE + 1):
-        term = term.like(op.Div((term @ x).v, _const(float(k))))
+        term = term.like(op.Div((term @ x).v, float64_constant(float(k))))
         result = result.like(op.Add(result.v, term.v))
     steps = op.Unsqueeze(s, _ints([-1, -2]))
     for i in range(_MAX_SQUARINGS):
         squared = result @ result
-        result = result.like(op.Where(op.Less(_const(float(i)), steps), squared.v, result.v))
+        result = result.like(op.Where(op.Less(float64_constant(float(i)), steps), squared.v, result.v))
     return result.out(self)
 
 
@@ -744,28 +741,28 @@ def _geqrf(a: M):
     for k in range(min(m, n)):
         column = op.Gather(value, op.Constant(value_int=k), axis=-1)  # [..., m]
         alpha = op.Gather(column, op.Constant(value_int=k), axis=-1)
-        below = op.Mul(column, _const((np.arange(m) > k).astype(np.float64)))
+        below = op.Mul(column, float64_constant((np.arange(m) > k).astype(np.float64)))
         xnorm = op.Sqrt(op.ReduceSum(op.Mul(below, below), _ints([-1]), keepdims=0))
-        trivial = op.Equal(xnorm, _const(0.0))
+        trivial = op.Equal(xnorm, float64_constant(0.0))
         # dlarfg: beta = -sign(alpha) * hypot(alpha, xnorm), tau = (beta - alpha) / beta, v = x / (alpha - beta).
         norm = op.Sqrt(op.Add(op.Mul(alpha, alpha), op.Mul(xnorm, xnorm)))
-        beta = op.Where(op.Less(alpha, _const(0.0)), norm, op.Neg(norm))
+        beta = op.Where(op.Less(alpha, float64_constant(0.0)), norm, op.Neg(norm))
         beta = op.Where(trivial, alpha, beta)
-        tau = op.Where(trivial, _const(0.0), op.Div(op.Sub(beta, alpha), op.Where(trivial, _const(1.0), beta)))
-        scale = op.Where(trivial, _const(0.0), op.Div(_const(1.0), op.Where(trivial, _const(1.0), op.Sub(alpha, beta))))
+        tau = op.Where(trivial, float64_constant(0.0), op.Div(op.Sub(beta, alpha), op.Where(trivial, float64_constant(1.0), beta)))
+        scale = op.Where(trivial, float64_constant(0.0), op.Div(float64_constant(1.0), op.Where(trivial, float64_constant(1.0), op.Sub(alpha, beta))))
         v_below = op.Mul(below, _last(scale))
-        v = op.Add(v_below, _const((np.arange(m) == k).astype(np.float64)))  # [..., m], v[k] = 1
+        v = op.Add(v_below, float64_constant((np.arange(m) == k).astype(np.float64)))  # [..., m], v[k] = 1
         # H = I - tau v v^T applied to the columns right of k.
         w = op.ReduceSum(op.Mul(_last(v), value), _ints([-2]), keepdims=0)  # [..., n]
-        w = op.Mul(w, _const((np.arange(n) > k).astype(np.float64)))
+        w = op.Mul(w, float64_constant((np.arange(n) > k).astype(np.float64)))
         value = op.Sub(value, op.Mul(op.Unsqueeze(op.Mul(v, _last(tau)), _ints([-1])), op.Unsqueeze(w, _ints([-2]))))
         # Column k becomes beta on the diagonal and v below it.
-        new_column = op.Add(v_below, op.Mul(_last(beta), _const((np.arange(m) == k).astype(np.float64))))
-        keep_above = _const((np.arange(m) < k).astype(np.float64))
+        new_column = op.Add(v_below, op.Mul(_last(beta), float64_constant((np.arange(m) == k).astype(np.float64))))
+        keep_above = float64_constant((np.arange(m) < k).astype(np.float64))
         new_column = op.Add(new_column, op.Mul(column, keep_above))
         value = op.Where(_mask(np.arange(n) == k), _last(new_column), value)
         taus.append(_last(tau))
-    tau_value = op.Concat(*taus, axis=-1) if taus else op.Expand(_const(np.zeros((0,))), op.Concat(op.Shape(a.v, end=-2), _ints([0]), axis=0))
+    tau_value = op.Concat(*taus, axis=-1) if taus else op.Expand(float64_constant(np.zeros((0,))), op.Concat(op.Shape(a.v, end=-2), _ints([0]), axis=0))
     return a.like(value), tau_value
 
 
@@ -773,7 +770,7 @@ def _reflector(packed: M, i: int):
     """The Householder vector v_i (v_i[i] = 1, zeros above) from column i of a packed factorization."""
     m = packed.rows
     column = packed.col(i)
-    return op.Add(op.Mul(column, _const((np.arange(m) > i).astype(np.float64))), _const((np.arange(m) == i).astype(np.float64)))
+    return op.Add(op.Mul(column, float64_constant((np.arange(m) > i).astype(np.float64))), float64_constant((np.arange(m) == i).astype(np.float64)))
 
 
 def _apply_reflector(c: M, v, tau, from_left: bool) -> M:
@@ -794,7 +791,7 @@ def _householder_product(packed: M, tau, count: int, columns: int) -> M:
     """H_1 ... H_count applied to the first ``columns`` columns of the identity (LAPACK's orgqr)."""
     m = packed.rows
     batch = op.Shape(packed.v, end=-2)
-    q = M(op.Expand(_const(np.eye(m, columns)), op.Concat(batch, _ints([m, columns]), axis=0)), packed.rank, m, columns)
+    q = M(op.Expand(float64_constant(np.eye(m, columns)), op.Concat(batch, _ints([m, columns]), axis=0)), packed.rank, m, columns)
     for i in range(count - 1, -1, -1):
         q = _apply_reflector(q, _reflector(packed, i), _tau_at(tau, i), from_left=True)
     return q
@@ -843,7 +840,7 @@ def aten_linalg_qr(A, mode: str = "reduced"):
     k = min(m, n)
     packed, tau = _geqrf(a)
     rows = m if mode == "complete" else k
-    r = op.Mul(op.Slice(packed.v, _ints([0]), _ints([rows]), _ints([-2])), _const(np.triu(np.ones((rows, n)))))
+    r = op.Mul(op.Slice(packed.v, _ints([0]), _ints([rows]), _ints([-2])), float64_constant(np.triu(np.ones((rows, n)))))
     if mode == "r":
         return op.CastLike(op.ConstantOfShape(_ints([0])), A), op.CastLike(r, A)
     q = _householder_product(packed, tau, k, m if mode == "complete" else k)

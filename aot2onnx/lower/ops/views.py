@@ -14,6 +14,7 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
+from aot2onnx.lower.ops._common import static_dim
 from aot2onnx.lower.registry import project_rule
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -47,11 +48,6 @@ def prims_as_strided_scatter(self, src, size: Sequence, stride: Sequence, storag
 # result is a Concat of the untouched slices of ``self`` around the update.
 
 
-def _static_dim(self, dim: int) -> int | None:
-    size = self.shape[dim] if self.shape is not None else None
-    return size if isinstance(size, int) else None
-
-
 def _around(self, update, dim: int, start: int, stop: int, length: int):
     axes = op.Constant(value_ints=[dim])
     pieces = []
@@ -66,7 +62,7 @@ def _around(self, update, dim: int, start: int, stop: int, length: int):
 @project_rule(aten.select_scatter.default)
 def aten_select_scatter(self, src, dim: int, index):
     """select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor"""
-    length = _static_dim(self, dim)
+    length = static_dim(self, dim)
     if length is None or not isinstance(index, int):
         return torchlib_core.aten_select_scatter(self, src, dim, index)
     dim = dim % len(self.shape)
@@ -77,7 +73,7 @@ def aten_select_scatter(self, src, dim: int, index):
 @project_rule(aten.slice_scatter.default)
 def aten_slice_scatter(self, src, dim: int = 0, start=None, end=None, step=1):
     """slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor"""
-    length = _static_dim(self, dim)
+    length = static_dim(self, dim)
     static = all(v is None or isinstance(v, int) for v in (start, end)) and step == 1
     if length is None or not static:
         return torchlib_core.aten_slice_scatter(self, src, dim, start, end, step)
