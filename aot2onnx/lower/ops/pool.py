@@ -44,14 +44,54 @@ def _plane_offsets(x, spatial: int):
     return op.Reshape(starts, op.Concat(op.Shape(x, end=2), op.Constant(value_ints=[1] * spatial), axis=0))
 
 
-def _nan_windows(x, pool):
-    """For each window of x (N, C, *spatial): whether it holds a NaN, and 1 + the position within its plane of
-    its last NaN (0 where it holds none). Positions are pooled as float64, exact up to 2**53."""
+def _window_marks(x, pool):
+    """For each window of x (N, C, *spatial), pooled as float64: 1 + the position within its plane of its last
+    NaN; else 0 where it holds an element above -inf; else -1 where all its elements are -inf; and less
+    where it holds no element (ONNX Runtime pads with the most negative double). Exact up to 2**53."""
     plane = op.Shape(x, start=2)
     one, zero = op.Constant(value=ir.tensor(np.array(1.0))), op.Constant(value=ir.tensor(np.array(0.0)))
     positions = op.Range(one, op.Add(op.Cast(op.ReduceProd(plane, keepdims=0), to=ir.DataType.DOUBLE), one), one)
-    last = pool(op.Where(op.IsNaN(x), op.Reshape(positions, plane), zero))[0]
-    return op.Greater(last, zero), last
+    others = op.Where(op.IsInf(x, detect_positive=0), op.Constant(value=ir.tensor(np.array(-1.0))), zero)
+    return pool(op.Where(op.IsNaN(x), op.Reshape(positions, plane), others))[0]
+
+
+def _empty_windows_possible(sizes, kernel, strides, pads, dilations) -> bool:
+    """Whether a window might hold no element of the input: one that starts in the begin padding and whose
+    dilation steps over the rest of the input (ATen asks for padding <= kernel // 2, so only with
+    dilation > 1). True where a size is not static."""
+    n = len(kernel)
+    for size, k, s, p, d in zip(sizes, kernel, strides, pads[:n], dilations):
+        for start in range(-p, 0, s):
+            steps = -(start // d)  # ceil(-start / d): whole dilations to the first position >= 0
+            if steps >= k or not isinstance(size, int) or start + steps * d >= size:
+                return True
+    return False
+
+
+def _first_positions(x, out, spatial: int, kernel, strides, pads, dilations):
+    """For the windows of a max pool of x (..., *spatial) into ``out`` (..., *pooled): whether each holds no
+    element of x, and the position within its plane of its first element in every dim (ATen steps a
+    window's start into the input by whole dilations). ATen's index is that position where no element beats
+    -inf: in a window of -inf, and in one of nothing, where it lies outside the window (even outside the
+    plane). Both are shaped [*pooled], to broadcast over the leading dims."""
+    int64 = ir.DataType.INT64
+    zero, one = op.Constant(value_int=0), op.Constant(value_int=1)
+    empty = index = None
+    for i in range(spatial):
+        k, s, p, d = kernel[i], strides[i], pads[i], dilations[i]
+        dim = {"start": i - spatial, **({"end": i - spatial + 1} if i < spatial - 1 else {})}
+        size, count = op.Shape(x, **dim), op.Squeeze(op.Shape(out, **dim))
+        starts = op.Sub(op.Mul(op.Range(zero, count, one), op.Constant(value_int=s)), op.Constant(value_int=p))
+        steps = op.Div(op.Add(op.Max(op.Neg(starts), zero), op.Constant(value_int=d - 1)), op.Constant(value_int=d))
+        first = op.Add(starts, op.Mul(steps, op.Constant(value_int=d)))
+        nothing = op.Or(op.GreaterOrEqual(first, size), op.GreaterOrEqual(steps, op.Constant(value_int=k)))
+        if index is None:
+            empty, index = nothing, first
+        else:
+            last = op.Constant(value_ints=[-1])
+            empty = op.Or(op.Unsqueeze(empty, last), nothing)
+            index = op.Add(op.Mul(op.Unsqueeze(index, last), size), first)
+    return _typed(empty, ir.DataType.BOOL), _typed(index, int64)
 
 
 def _ceil_as_padding(sizes, kernel, strides, pads, dilations) -> list[int] | None:
@@ -101,27 +141,39 @@ def _max_pool_with_indices(self, spatial: int, kernel_size, stride, padding, dil
     values = _typed(values, self.dtype)
     indices = _typed(op.Sub(flat, _plane_offsets(x, spatial)), ir.DataType.INT64)
     if self.dtype in _FLOATS:
+        # ONNX Runtime starts each window at the most negative finite number, not -inf. Its kernel with
+        # indices then takes a window's first element where all are -inf, as ATen does, but its kernel
+        # without gives -3.4e38 (float32) there; and both give it, at a meaningless index, for a window
+        # that holds no element at all.
+        if _empty_windows_possible(self.shape[-spatial:], kernel, strides, pads, dilations):
+            empty, start = _first_positions(x, values, spatial, kernel, strides, pads, dilations)
+            values = _typed(op.Where(empty, op.CastLike(float("-inf"), values), values), self.dtype)
+            indices = _typed(op.Where(empty, start, indices), ir.DataType.INT64)
         # ATen's window of a NaN is NaN, at its last NaN's position. ONNX Runtime's MaxPool lets a NaN win
         # only from some positions in a window (and its kernel without indices, used where the indices go
-        # unread, from others). Windows are looked at again only where x holds a NaN, which makes its sum
-        # NaN (as do +inf and -inf together, which only costs the slower branch): one ReduceSum otherwise.
-        # Values and indices are mended apart, so that unread indices leave the fast MaxPool.
-        any_nan = op.IsNaN(op.ReduceSum(x, keepdims=0))
+        # unread, from others). Windows are looked at again only where x holds a NaN or -inf, which makes
+        # its sum NaN or -inf (as do +inf and -inf together, which only costs the slower branch): one
+        # ReduceSum otherwise. Values and indices are mended apart, so that unread indices leave the fast
+        # MaxPool.
+        total = op.ReduceSum(x, keepdims=0)
+        special = op.Or(op.IsNaN(total), op.IsInf(total, detect_positive=0))
+        zero = op.Constant(value=ir.tensor(np.array(0.0)))
 
-        def nan_values():
-            nan, _ = _nan_windows(x, pool)
-            return [_typed(op.Where(nan, op.CastLike(float("nan"), values), values), self.dtype)]
+        def mended_values():
+            marks = _window_marks(x, pool)
+            values_ = op.Where(op.Less(marks, zero), op.CastLike(float("-inf"), values), values)
+            return [_typed(op.Where(op.Greater(marks, zero), op.CastLike(float("nan"), values), values_), self.dtype)]
 
-        def nan_indices():
-            nan, last = _nan_windows(x, pool)
-            position = op.Sub(op.Cast(last, to=ir.DataType.INT64), op.Constant(value_int=1))
-            return [_typed(op.Where(nan, position, indices), ir.DataType.INT64)]
+        def mended_indices():
+            marks = _window_marks(x, pool)
+            position = op.Sub(op.Cast(marks, to=ir.DataType.INT64), op.Constant(value_int=1))
+            return [_typed(op.Where(op.Greater(marks, zero), position, indices), ir.DataType.INT64)]
 
         if ceil_mode:  # an If branch would return a shape ONNX declares wrong: see _ceil_as_padding
-            values, indices = nan_values()[0], nan_indices()[0]
+            values, indices = mended_values()[0], mended_indices()[0]
         else:
-            values = cond(any_nan, nan_values, lambda: [values])[0]
-            indices = cond(any_nan, nan_indices, lambda: [indices])[0]
+            values = cond(special, mended_values, lambda: [values])[0]
+            indices = cond(special, mended_indices, lambda: [indices])[0]
     if unbatched:
         axis = op.Constant(value_ints=[0])
         return op.Squeeze(values, axis), op.Squeeze(indices, axis)
