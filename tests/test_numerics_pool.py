@@ -115,6 +115,41 @@ def test_max_pool_neg_inf(case, dtype, grad):
     _check(lambda x: fn(x)[0], x, dtype, grad=grad)  # the indices unread: ONNX Runtime's other kernel
 
 
+# Windows that hold no element of the input: the dilation steps from the begin padding over the whole input.
+# (With ATen's padding <= kernel // 2, then every window along that dim holds nothing.) Eager's value is -inf
+# and its index the window's first position once its start is stepped into the input, which lies outside the
+# window, often outside the plane: eager's backward adds the window's gradient there, into the next row or
+# plane or past the end of its buffer (glibc may then abort: "double free or corruption"). aot2onnx drops
+# such a window's gradient, so the gradient is zero; eager's backward is not run.
+EMPTY_WINDOWS = {
+    # the differential test's repro, F.max_pool1d(x0.reshape(1, -1, 1), ...) on a [1, 1] input
+    "1d, one plane": (lambda x: F.max_pool1d(x.reshape(1, -1, 1), 2, stride=1, padding=1, dilation=2,
+                                             return_indices=True), _x([[1.0]], (1, 1))),
+    "1d, three planes": (lambda x: F.max_pool1d(x, 2, stride=1, padding=1, dilation=2, return_indices=True),
+                         _x([5.0, -INF, NAN], (3, 1, 1))),
+    "2d, empty along H": (lambda x: F.max_pool2d(x, 2, stride=2, padding=1, dilation=2, return_indices=True),
+                          _x([1.0, 2.0, 3.0], (1, 1, 1, 3))),
+    "2d, empty along W": (lambda x: F.max_pool2d(x, (1, 2), stride=1, padding=(0, 1), dilation=(1, 2),
+                                                 return_indices=True), _x([1.0, 2.0, 3.0], (1, 1, 3, 1))),
+    "2d, unbatched, ceil mode": (lambda x: F.max_pool2d(x, 2, stride=2, padding=1, dilation=2, ceil_mode=True,
+                                                        return_indices=True), _x([1.0, -INF, 3.0], (1, 1, 3))),
+    "3d": (lambda x: F.max_pool3d(x, (2, 1, 1), stride=1, padding=(1, 0, 0), dilation=(2, 1, 1),
+                                  return_indices=True), _x([1.0, 2.0, 3.0, 4.0], (1, 1, 1, 2, 2))),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", list(EMPTY_WINDOWS))
+def test_max_pool_window_of_nothing(case, dtype):
+    fn, x = EMPTY_WINDOWS[case]
+    with torch.no_grad():
+        values, _ = fn(x.to(dtype))
+    assert bool((values == -INF).all()), values  # eager's forward reads only the input: safe to run
+    _check(fn, x, dtype, grad=False)
+    _check(lambda x: fn(x)[0], x, dtype, grad=False)
+    _check(fn, x, dtype, grad=True, grad_expected=torch.zeros_like(x))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Max pooling: NaN still wins its window beside -inf and padding (the differential test's "nan-max-pool")
 

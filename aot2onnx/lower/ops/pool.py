@@ -194,7 +194,14 @@ def aten_max_pool3d_with_indices(self, kernel_size, stride=(), padding=(0, 0, 0)
 
 
 def _max_pool_backward(grad_output, self, indices, spatial: int, kernel_size, stride, padding, dilation):
-    kernel, strides, _, dilations = _max_pool_attributes(spatial, kernel_size, stride, padding, dilation)
+    kernel, strides, pads, dilations = _max_pool_attributes(spatial, kernel_size, stride, padding, dilation)
+    if _empty_windows_possible(self.shape[-spatial:], kernel, strides, pads, dilations):
+        # A window that holds no element of self has nowhere to send its gradient. ATen adds it at the
+        # window's index all the same, outside the window: into the next row or plane, or past the end of
+        # its buffer. Here it is dropped: zero added at position 0.
+        empty, _ = _first_positions(self, grad_output, spatial, kernel, strides, pads, dilations)
+        grad_output = op.Where(empty, op.CastLike(0.0, grad_output), grad_output)
+        return _scatter_add_to_planes(grad_output, self, op.Where(empty, op.Constant(value_int=0), indices), spatial)
     overlapping = any(s < d * (k - 1) + 1 for k, s, d in zip(kernel, strides, dilations))
     if overlapping or grad_output.dtype != ir.DataType.FLOAT:  # ONNX Runtime's MaxUnpool is float32 only
         return _scatter_add_to_planes(grad_output, self, indices, spatial)
