@@ -84,7 +84,7 @@ def _worker(rank: int, port: int, variant: str, how: str, out: str) -> None:
         report = {
             "eager": eager.module.state_dict(),
             "compiled": model.state_dict(),
-            "graphs": [{"name": g.name, "kind": g.kind, "runs": g.runs} for g in compiled_graphs()],
+            "graphs": [{"name": g.name, "kind": str(g.kind), "runs": g.runs} for g in compiled_graphs()],
             "fallbacks": [dict(g.fallen_back) for g in fallback_graphs()],
             "heavy_ops_run_by_torch": heavy,
         }

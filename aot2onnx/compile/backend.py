@@ -28,6 +28,8 @@ from aot2onnx.compile.cache import (
     unkeyed_rule,
 )
 from aot2onnx.compile.fallback import FallbackGraph, blamed_nodes, split_unsupported, unsupported_targets
+from aot2onnx.compile.graph_breaks import install as install_graph_break_notes
+from aot2onnx.compile.graph_breaks import mark_backend
 from aot2onnx.errors import LoweringError, RuntimeSessionError, UnsupportedOpError
 from aot2onnx.lower.registry import default_registry, user_rules
 from aot2onnx.lower.seeds import reseed
@@ -40,6 +42,9 @@ __all__ = ["backend", "aot2onnx_backend", "compile_fx"]
 
 logger = logging.getLogger("aot2onnx")
 _graph_ids = itertools.count()
+# Dynamo leaves RNN modules and BatchNorm(momentum=None) to eager PyTorch without calling any backend: its
+# compile callbacks tell the user, once per process (compile/graph_breaks.py).
+install_graph_break_notes()
 
 
 def backend(**options: Any) -> Callable:
@@ -47,9 +52,11 @@ def backend(**options: Any) -> Callable:
 
         torch.compile(model, backend=aot2onnx.backend(graph_optimization_level="extended"))
     """
-    return functools.partial(compile_fx, options=Options.from_mapping(options))
+    install_graph_break_notes()
+    return mark_backend(functools.partial(compile_fx, options=Options.from_mapping(options)))
 
 
+@mark_backend
 def aot2onnx_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Any = None) -> Callable:
     """The entry point registered as ``torch_dynamo_backends: aot2onnx``.
 
@@ -151,6 +158,7 @@ def _aot_cache_dir(cache: GraphCache, options: Options) -> pathlib.Path:
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: Options) -> Callable:
     """Compiles a Dynamo graph: AOTAutograd captures it, and every graph it produces runs on ONNX Runtime."""
+    install_graph_break_notes()  # again after a torch._dynamo.reset(), which removes Dynamo's callbacks
     device = _device_of(example_inputs)
     label = f"g{next(_graph_ids):03d}_{_graph_label(gm)}"
     cache = _graph_cache(options)
@@ -159,7 +167,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, optio
         graph: torch.fx.GraphModule, inputs: Sequence[Any], kind: GraphKind, capture_s: float
     ) -> tuple[OrtGraph | FallbackGraph, str | None]:
         try:
-            return _compile_graph(graph, f"{label}_{kind.value}", kind, device, options, cache, capture_s)
+            return _compile_graph(graph, f"{label}_{kind.value}", _Job(kind, device, options, cache, capture_s))
         except (LoweringError, RuntimeSessionError) as e:
             if not isinstance(e, UnsupportedOpError):
                 _raise_torch_refusal(graph, e)
@@ -171,9 +179,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, optio
         cached = cache.load(key)
         if cached is None:
             raise LookupError(f"aot2onnx: the lowered {kind.value} graph {key} is not in the cache any more")
-        return _start_cached(
-            cached, f"{label}_{kind.value}", kind, device, options, 0.0, start, "cache hit, no capture"
-        )
+        job = _Job(kind, device, options, cache, 0.0)
+        return _start_cached(cached, f"{label}_{kind.value}", job, start, "cache hit, no capture")
 
     return capture(
         gm,
@@ -187,89 +194,74 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, optio
     )
 
 
-def _compile_graph(
-    graph: torch.fx.GraphModule,
-    name: str,
-    kind: GraphKind,
-    device: torch.device,
-    options: Options,
-    cache: GraphCache | None,
-    capture_s: float,
-) -> tuple[OrtGraph | FallbackGraph, str | None]:
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What every graph of one capture shares on its way to a session."""
+
+    kind: GraphKind
+    device: torch.device
+    options: Options
+    cache: GraphCache | None
+    capture_s: float  # the capture's time, reported with the graph's
+
+
+def _compile_graph(graph: torch.fx.GraphModule, name: str, job: _Job) -> tuple[OrtGraph | FallbackGraph, str | None]:
     """The graph's runner, and its key in the graph cache (``None`` where the cache cannot make it again).
 
     With ``options.fallback``, what ONNX Runtime cannot run goes to PyTorch: nodes without a lowering, and
     nodes whose lowering or session failed (see ``aot2onnx.compile.fallback``), after PyTorch's own error is raised
     where PyTorch refuses a node too.
     """
-    start = time.perf_counter()
-    key, cached = _lookup(graph, options, cache)
+    options, start = job.options, time.perf_counter()
+    found = _lookup(graph, job)
     # Only whole lowerings are stored, so a hit needs neither the registry nor the check for unsupported ops.
-    if cached is None and options.fallback and unsupported_targets(graph, default_registry(), options.opset):
-        return _split(graph, name, kind, device, options, cache, capture_s, None), None
+    if found[1] is None and options.fallback and unsupported_targets(graph, default_registry(), options.opset):
+        return _split(graph, name, job, None), None
     try:
-        return _compile_whole(graph, name, kind, device, options, cache, capture_s, key, cached, start)
+        return _compile_whole(graph, name, job, found, start)
     except (LoweringError, RuntimeSessionError) as e:
         if not options.fallback or isinstance(e, UnsupportedOpError):
             raise
         _raise_torch_refusal(graph, e, blamed_nodes(graph, e))
-        return _split(graph, name, kind, device, options, cache, capture_s, e), None
+        return _split(graph, name, job, e), None
 
 
-def _lookup(graph: torch.fx.GraphModule, options: Options, cache: GraphCache | None) -> tuple[str | None, Any]:
-    if cache is None:
+def _lookup(graph: torch.fx.GraphModule, job: _Job) -> tuple[str | None, CachedGraph | None]:
+    """The graph's key in the graph cache and what the cache holds under it (``None, None`` without a cache)."""
+    if job.cache is None:
         return None, None
-    key = graph_key(graph, opset=options.opset, rules=list(user_rules()))
-    return key, cache.load(key)
+    key = graph_key(graph, opset=job.options.opset, rules=list(user_rules()))
+    return key, job.cache.load(key)
 
 
-def _split(
-    graph: torch.fx.GraphModule,
-    name: str,
-    kind: GraphKind,
-    device: torch.device,
-    options: Options,
-    cache: GraphCache | None,
-    capture_s: float,
-    failure: Exception | None,
-) -> FallbackGraph:
+def _split(graph: torch.fx.GraphModule, name: str, job: _Job, failure: Exception | None) -> FallbackGraph:
     """``graph`` split around what ONNX Runtime cannot run: its nodes without a lowering, and, where lowering or
     starting the whole graph failed with ``failure``, the nodes that error names."""
 
     def compile_partition(partition: torch.fx.GraphModule, partition_name: str) -> OrtGraph:
-        start = time.perf_counter()
-        key, cached = _lookup(partition, options, cache)
         try:
-            return _compile_whole(
-                partition, partition_name, kind, device, options, cache, capture_s, key, cached, start
-            )[0]
+            start = time.perf_counter()
+            return _compile_whole(partition, partition_name, job, _lookup(partition, job), start)[0]
         except (LoweringError, RuntimeSessionError) as e:
             # PyTorch refuses the node ONNX Runtime refused: its error, as eager raises it.
             _raise_torch_refusal(partition, e, blamed_nodes(partition, e))
             raise  # the fallback runs the partition's nodes in PyTorch
 
     return split_unsupported(
-        graph, name=name, registry=default_registry(), opset=options.opset, compile_partition=compile_partition,
+        graph, name=name, registry=default_registry(), opset=job.options.opset, compile_partition=compile_partition,
         failure=failure,
     )
 
 
 def _compile_whole(
-    graph: torch.fx.GraphModule,
-    name: str,
-    kind: GraphKind,
-    device: torch.device,
-    options: Options,
-    cache: GraphCache | None,
-    capture_s: float,
-    key: str | None,
-    cached: CachedGraph | None,
-    start: float,
+    graph: torch.fx.GraphModule, name: str, job: _Job, found: tuple[str | None, CachedGraph | None], start: float
 ) -> tuple[OrtGraph, str | None]:
-    """The graph lowered whole (or loaded from the cache) and its session, with its key where the cache holds
-    it; raises where the lowering or the session fails."""
+    """The graph lowered whole (or loaded from the cache: ``found`` is :func:`_lookup`'s answer) and its
+    session, with its key where the cache holds it; raises where the lowering or the session fails."""
+    options, cache = job.options, job.cache
+    key, cached = found
     if cached is not None:
-        return _start_cached(cached, name, kind, device, options, capture_s, start, "cache hit"), key
+        return _start_cached(cached, name, job, start, "cache hit"), key
     from aot2onnx.lower.translate import lower_graph
 
     lowered = lower_graph(graph, name=name, opset=options.opset, registry=default_registry())
@@ -280,7 +272,7 @@ def _compile_whole(
             raise LoweringError(f"the lowered model of graph {name!r} fails onnx.checker: {e}") from e
     require_runnable(lowered.model, options.opset, name)
     lower_s = time.perf_counter() - start
-    runner = _start_session(lowered, name, kind, device, options, capture_s, lower_s, "lowered")
+    runner = _start_session(lowered, name, job, lower_s, "lowered")
     # Stored once ONNX Runtime has made a session of it: a model it refuses is not served to the next process.
     stored = (
         cache is not None
@@ -303,27 +295,16 @@ def _storable(graph: torch.fx.GraphModule, name: str) -> bool:
     return False
 
 
-def _start_cached(
-    cached: CachedGraph, name: str, kind: GraphKind, device: torch.device, options: Options, capture_s: float,
-    start: float, how: str,
-) -> OrtGraph:
+def _start_cached(cached: CachedGraph, name: str, job: _Job, start: float, how: str) -> OrtGraph:
     # Only whole lowerings are stored, so a hit needs neither the registry nor the fallback check, nor the
     # lowering's imports (onnxscript, torch's exporter): a process that only hits starts faster.
     model = reseed(onnx.load_from_string(cached.model_bytes))  # fresh seeds, as a new lowering gets
     lowered = LoweredGraph(model, cached.signature, cached.fx_node_count, len(model.graph.node))
-    return _start_session(lowered, name, kind, device, options, capture_s, time.perf_counter() - start, how)
+    return _start_session(lowered, name, job, time.perf_counter() - start, how)
 
 
-def _start_session(
-    lowered: LoweredGraph,
-    name: str,
-    kind: GraphKind,
-    device: torch.device,
-    options: Options,
-    capture_s: float,
-    lower_s: float,
-    how: str,
-) -> OrtGraph:
+def _start_session(lowered: LoweredGraph, name: str, job: _Job, lower_s: float, how: str) -> OrtGraph:
+    options = job.options
     if options.dump_dir:
         os.makedirs(options.dump_dir, exist_ok=True)
         path = os.path.join(options.dump_dir, f"{name}.onnx")
@@ -331,13 +312,13 @@ def _start_session(
         logger.info("aot2onnx: wrote %s", path)
     start = time.perf_counter()
     runner = OrtGraph(
-        lowered.model, lowered.signature, name=name, device=device, options=options, kind=kind,
+        lowered.model, lowered.signature, name=name, device=job.device, options=options, kind=job.kind,
         fx_node_count=lowered.fx_node_count,
     )
     session_s = time.perf_counter() - start
     logger.info(
         "aot2onnx: %s: %d FX nodes -> %d ONNX nodes; capture %.3fs, lowering %.3fs (%s), session %.3fs",
-        name, lowered.fx_node_count, lowered.onnx_node_count, capture_s, lower_s, how, session_s,
+        name, lowered.fx_node_count, lowered.onnx_node_count, job.capture_s, lower_s, how, session_s,
     )
     return runner
 
