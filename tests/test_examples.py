@@ -1,4 +1,5 @@
-"""The example a device user copies runs end to end (export, torch-free fine-tuning, aot2onnx.load, generation)."""
+"""The examples a user copies run end to end: export, torch-free fine-tuning, aot2onnx.load and generation; training
+a Hugging Face model with transformers.Trainer."""
 
 from __future__ import annotations
 
@@ -22,3 +23,18 @@ def test_export_and_train_on_device_example(tmp_path):
     sample = re.search(r"greedy sample after training: '(.*)'", run.stdout)
     assert sample and sample.group(1).startswith("Alice ") and len(sample.group(1)) == len("Alice ") + 60
     assert (tmp_path / "artifact" / "trained.safetensors").is_file()
+
+
+def test_train_with_hf_trainer_example():
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES / "train_with_hf_trainer.py"), "--steps", "8"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    aot2onnx_losses, eager_losses = (
+        [float(x) for x in line.split()] for line in re.findall(r"logged losses: (.*)", run.stdout)
+    )
+    assert len(aot2onnx_losses) == len(eager_losses) == 8
+    assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(aot2onnx_losses, eager_losses))
+    worst = float(re.search(r"largest relative difference of a logged loss from eager: (\S+)", run.stdout).group(1))
+    assert worst <= 1e-4
