@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import os
 import re
 import sys
@@ -40,10 +41,20 @@ from typing import Any, TypeVar
 
 import torch
 import torch._dynamo
-from torch._dynamo.callback import CallbackArgs, CallbackTrigger
-from torch._dynamo.convert_frame import ConvertFrameAssert
-from torch._dynamo.eval_frame import innermost_backend
-from torch._dynamo.utils import counters, graph_break_reasons
+
+logger = logging.getLogger("aot2onnx")
+
+# Dynamo's private names: a torch that moves them turns these notes off (said in the log), never compiling.
+try:
+    from torch._dynamo.callback import CallbackArgs, CallbackTrigger
+    from torch._dynamo.convert_frame import ConvertFrameAssert
+    from torch._dynamo.eval_frame import innermost_backend
+    from torch._dynamo.utils import counters, graph_break_reasons
+except ImportError as e:  # pragma: no cover (torch 2.13 has them; tests/test_graph_breaks.py checks the notes)
+    _UNAVAILABLE: str | None = f"{type(e).__name__}: {e}"
+    CallbackArgs = Any  # type: ignore[misc,assignment]
+else:
+    _UNAVAILABLE = None
 
 __all__ = ["install", "mark_backend"]
 
@@ -51,7 +62,8 @@ _MARK = "_aot2onnx_backend"
 _RNN_BREAK = "Attempted to wrap RNN, GRU, or LSTM"  # the gb_type Dynamo records
 _RNN_MODULE = re.compile(r"Developer debug context: (\w+)\(")  # the module's repr follows
 _BATCHNORM_FILE = os.path.join("torch", "nn", "modules", "batchnorm.py")
-_CONVERT_FRAME = ConvertFrameAssert.__call__.__code__  # the frame that compiles a frame, and knows for which backend
+# the frame that compiles a frame, and knows for which backend
+_CONVERT_FRAME = ConvertFrameAssert.__call__.__code__ if _UNAVAILABLE is None else None
 # Not the user's code: torch, aot2onnx, and the standard library (not its site-packages, where it holds them).
 _PACKAGES = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
@@ -104,6 +116,9 @@ def mark_backend(fn: _F) -> _F:
 def install() -> None:
     """Registers the callbacks with Dynamo, unless they are registered (``torch._dynamo.reset()`` removes them)."""
     global _installed, _started
+    if _UNAVAILABLE is not None:
+        logger.debug("aot2onnx: graph-break notes are off: this torch lacks %s", _UNAVAILABLE)
+        return
     handler = torch._dynamo.callback_handler
     if _on_end in handler.end_callbacks:
         return
