@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import logging
 import re
 import threading
+import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import onnx
@@ -24,7 +27,16 @@ from aot2onnx.signature import GraphKind, GraphSignature, InputKind, OutputKind
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OrtGraph", "compiled_graphs", "reset_compiled_graphs", "session_options", "providers_for"]
+__all__ = [
+    "GraphCall",
+    "OrtGraph",
+    "Profile",
+    "compiled_graphs",
+    "profiling",
+    "providers_for",
+    "reset_compiled_graphs",
+    "session_options",
+]
 
 _TORCH_TO_ONNX = {
     torch.float32: onnx.TensorProto.FLOAT,
@@ -60,6 +72,51 @@ def compiled_graphs() -> list[OrtGraph]:
 def reset_compiled_graphs() -> None:
     with _registry_lock:
         _COMPILED.clear()
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphCall:
+    """One call of a compiled graph, timed by :func:`profiling`."""
+
+    graph: str  # the OrtGraph's name
+    kind: GraphKind
+    call_s: float  # the whole call: binding the inputs, ONNX Runtime's run, the outputs through DLPack
+    run_s: float | None  # inside ONNX Runtime's run; None for a graph with no session (nothing to compute)
+
+
+@dataclasses.dataclass
+class Profile:
+    """What one :func:`profiling` block recorded: every compiled-graph call made in it, in order."""
+
+    ort_profile_prefix: str | None = None
+    calls: list[GraphCall] = dataclasses.field(default_factory=list)
+
+
+# The open profiling() block, if any. OrtGraph.__call__ reads it once per call: off, that check is all
+# profiling costs.
+_profile: Profile | None = None
+
+
+@contextlib.contextmanager
+def profiling(ort_profile_prefix: str | None = None) -> Iterator[Profile]:
+    """Times every compiled-graph call made inside the block, in any thread, and records it in the Profile.
+
+    With ``ort_profile_prefix``, sessions created inside the block also run with ONNX Runtime's profiler on
+    and write its JSON trace to a file named from that prefix (``session.end_profiling()`` ends it and returns
+    the file's path); sessions created outside keep it off. A nested block records into itself only, and the
+    enclosing block resumes when it ends. The benchmark's breakdown of a step (``python -m aot2onnx bench``)
+    is measured this way::
+
+        with profiling() as profile:
+            train_step()
+        seconds_in_onnx_runtime = sum(c.run_s or 0.0 for c in profile.calls)
+    """
+    global _profile
+    outer, _profile = _profile, Profile(ort_profile_prefix)
+    try:
+        yield _profile
+    finally:
+        _profile = outer
 
 
 _arena_lock = threading.Lock()
@@ -99,6 +156,9 @@ def session_options(options: Options) -> ort.SessionOptions:
     # 639-653 -> 582 MiB, CNN 579-627 -> 555, transformer layer 443-447 -> 432; step time the same within
     # noise (off/on, median of 8 alternating rounds: MLP 0.94, transformer layer 1.01, CNN 0.97, GPT 0.99).
     so.enable_mem_pattern = False
+    if _profile is not None and _profile.ort_profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = _profile.ort_profile_prefix
     return so
 
 
@@ -259,6 +319,9 @@ class OrtGraph:
                     f"ONNX Runtime could not create a session for graph {name!r}: {e}{_explain_session_error(model, str(e))}"
                 ) from e
             self._binding = self._session.io_binding()._iobinding
+            self._ort_run: Callable[[Any, Any], None] | None = self._session._sess.run_with_iobinding
+        else:
+            self._ort_run = None
         self._cpu = device.type == "cpu"
         self._ort_device = ort.OrtDevice.make(
             "cuda" if device.type == "cuda" else "cpu", device.index or 0
@@ -268,7 +331,34 @@ class OrtGraph:
             _COMPILED.append(weakref.ref(self))
 
     def __call__(self, args: list[Any]) -> list[Any]:
-        results = self._run(args) if self._session is not None else []
+        profile = _profile
+        if profile is not None:  # inside profiling(); off, this check is all the hook costs
+            return self._profiled_call(args, profile)
+        return self._call(args, self._ort_run)
+
+    def _profiled_call(self, args: list[Any], profile: Profile) -> list[Any]:
+        """The call, timed whole and around ONNX Runtime's run, recorded in ``profile``."""
+        clock = time.perf_counter
+        ort_run = self._ort_run
+        run_s = None if ort_run is None else 0.0
+
+        def timed_run(binding: Any, run_options: Any) -> None:
+            nonlocal run_s
+            start = clock()
+            try:
+                ort_run(binding, run_options)
+            finally:
+                run_s += clock() - start
+
+        start = clock()
+        try:
+            return self._call(args, None if ort_run is None else timed_run)
+        finally:
+            profile.calls.append(GraphCall(self.name, self.kind, clock() - start, run_s))
+
+    def _call(self, args: list[Any], ort_run: Callable[[Any, Any], None] | None) -> list[Any]:
+        """The boxed call, running the session through ``ort_run`` (None for a graph without a session)."""
+        results = self._run(args, ort_run) if ort_run is not None else []
         outputs: list[Any] = []
         it = iter(results)
         for spec in self.signature.outputs:
@@ -285,7 +375,7 @@ class OrtGraph:
         args.clear()  # boxed convention: the caller's references to the inputs can be freed now
         return outputs
 
-    def _run(self, args: Sequence[Any]) -> list[torch.Tensor]:
+    def _run(self, args: Sequence[Any], ort_run: Callable[[Any, Any], None]) -> list[torch.Tensor]:
         keep_alive = []
         with self._lock:
             binding = self._binding
@@ -320,7 +410,7 @@ class OrtGraph:
             for output in self._onnx_outputs:
                 binding.bind_output(output, self._ort_device)
             try:
-                self._session._sess.run_with_iobinding(binding, None)
+                ort_run(binding, None)
             except Exception as e:
                 self._bound.clear()  # bind every input afresh after a failure
                 raise RuntimeSessionError(f"ONNX Runtime failed running graph {self.name!r}: {e}") from e
