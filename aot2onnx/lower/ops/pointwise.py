@@ -106,6 +106,62 @@ def aten_hardtanh_backward(grad_output, self, min_val, max_val):
     return op.Where(clipped, op.CastLike(0, grad_output), grad_output)
 
 
+# ---------------------------------------------------------------------------------------------------------
+# sigmoid and the ops built on it, computed as ATen's CPU kernels compute them (1 / (1 + exp(-x)), in the
+# input's dtype; float32 for 16-bit floats). ONNX Runtime's Sigmoid (MLAS's rational approximation) is
+# accurate in absolute terms only: float32 sigmoid(-17) was 8.9e-8 (eager 4.1e-8) and 0 below -18.5, float64
+# 0 below -36.7 and hundreds of ULPs off at -7. Its Exp is within an ULP of eager's, and 1 / (1 + e) adds
+# one rounding to each of two, so the tail keeps its relative accuracy down to where exp(-x) overflows, as
+# eager's does.
+
+_HALVES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _opmath(fn, *xs):
+    """``fn(*xs)`` in the dtype ATen's CPU kernels compute in: float32 for 16-bit floats."""
+    if xs[0].dtype in _HALVES:
+        return op.CastLike(fn(*(op.Cast(x, to=ir.DataType.FLOAT) for x in xs)), xs[0])
+    return fn(*xs)
+
+
+def _one_plus_exp_neg(x):
+    return op.Add(op.CastLike(1.0, x), op.Exp(op.Neg(x)))
+
+
+def _sigmoid(x):
+    return op.Div(op.CastLike(1.0, x), _one_plus_exp_neg(x))
+
+
+@project_rule(aten.sigmoid.default)
+def aten_sigmoid(self):
+    """sigmoid(Tensor self) -> Tensor"""
+    return _opmath(_sigmoid, self)
+
+
+@project_rule(aten.silu.default)
+def aten_silu(self):
+    """silu(Tensor self) -> Tensor"""
+    # x / (1 + exp(-x)), one division as in ATen's kernel (x * sigmoid(x) rounds twice).
+    return _opmath(lambda x: op.Div(x, _one_plus_exp_neg(x)), self)
+
+
+@project_rule(aten.glu.default)
+def aten_glu(self, dim: int = -1):
+    """glu(Tensor self, int dim=-1) -> Tensor"""
+    def glu(x):
+        a, b = op.Split(x, axis=dim, num_outputs=2)
+        return op.Mul(a, _sigmoid(b))
+
+    return _opmath(glu, self)
+
+
+@project_rule(aten.sigmoid_backward.default)
+def aten_sigmoid_backward(grad_output, output):
+    """sigmoid_backward(Tensor grad_output, Tensor output) -> Tensor"""
+    # g * (1 - y) * y, in ATen's order (the decomposition's g * (y * (1 - y)) rounds differently).
+    return _opmath(lambda g, y: op.Mul(op.Mul(g, op.Sub(op.CastLike(1.0, y), y)), y), grad_output, output)
+
+
 @project_rule(prims.hypot.default)
 def prims_hypot(self, other):
     """hypot(Tensor self, Tensor other) -> Tensor"""
