@@ -6,4 +6,5 @@ import sys
 
 from aot2onnx.tools.bench import main
 
-sys.exit(main())
+if __name__ == "__main__":  # as aot2onnx/__main__.py: importing the module runs nothing
+    sys.exit(main())
