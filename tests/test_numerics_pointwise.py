@@ -109,3 +109,21 @@ def test_glu_tail(dtype):
     _check(lambda x: F.glu(x, 0), torch.stack([a, b]), dtype=dtype, ulps=4, grad_ulps=8)
 
 
+# ---------------------------------------------------------------------------------------------------------
+# log1p of small x (log(1 + x) drops x's digits below 1's last place: log1p(1e-8) was 0 in float32)
+
+SMALL = [1e-8, -1e-8, 2e-6, -1e-7, 1e-12, 1e-17, -3e-17, 1e-30, 0.014, 0.5, -0.5, -0.999, -1.0, -2.0, 1.0, 1e6,
+         3e38]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log1p_small_and_special(dtype):
+    _check(torch.log1p, _values(dtype, SMALL), dtype=dtype, ulps=4, grad_ulps=4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log_sigmoid_tail(dtype):
+    # log_sigmoid decomposes to min(x, 0) - log1p(exp(-|x|)): the tail for positive x is log1p of tiny values.
+    _check(F.logsigmoid, _values(dtype, [20.0, 50.0, 100.0, 800.0]), dtype=dtype, ulps=4, grad_ulps=8)
+
+

@@ -162,6 +162,27 @@ def aten_sigmoid_backward(grad_output, output):
     return _opmath(lambda g, y: op.Mul(op.Mul(g, op.Sub(op.CastLike(1.0, y), y)), y), grad_output, output)
 
 
+def _log1p(x):
+    # log(1 + x) loses the digits of x below 1's last place (float32 log1p(1e-8) was 0, log1p(2e-6) 1.3%
+    # off). With u = 1 + x rounded, log(u) * (x / (u - 1)) is within a few ULPs of log1p(x) (Goldberg,
+    # "What every computer scientist should know about floating-point arithmetic", theorem 4): u - 1 is
+    # exact, and x / (u - 1) scales log(u) back for the rounding of u. That fails where u is 1 (then
+    # log1p(x) is x: x^2 / 2 is below its last place) and where u is +inf (inf / inf; log1p(inf) is inf).
+    one = op.CastLike(1.0, x)
+    u = op.Add(one, x)
+    scaled = op.Mul(op.Log(u), op.Div(x, op.Sub(u, one)))
+    # u == 1 and u == +inf never hold together, so "neither" is their Equal. x goes to Where's second
+    # operand, the one that keeps -0.0 (see select); the first, scaled, is never zero.
+    neither = op.Equal(op.Equal(u, one), op.IsInf(u, detect_negative=0))
+    return op.Where(neither, scaled, x)
+
+
+@project_rule(aten.log1p.default)
+def aten_log1p(self):
+    """log1p(Tensor self) -> Tensor"""
+    return _opmath(_log1p, self)
+
+
 @project_rule(prims.hypot.default)
 def prims_hypot(self, other):
     """hypot(Tensor self, Tensor other) -> Tensor"""
