@@ -127,3 +127,18 @@ def test_log_sigmoid_tail(dtype):
     _check(F.logsigmoid, _values(dtype, [20.0, 50.0, 100.0, 800.0]), dtype=dtype, ulps=4, grad_ulps=8)
 
 
+# ---------------------------------------------------------------------------------------------------------
+# tanh of small and denormal x (float32 tanh(1e-40) was 9.99392e-41, 43 ULPs off)
+
+TINY = [1e-40, -1e-40, 1e-45, 1e-38, 1e-37, -7e-37, 1e-30, 1e-20, 1e-10, 2.4e-4, -3e-4, 3.6e-4, 1e-3]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tanh_small_and_denormal(dtype):
+    _check(torch.tanh, _values(dtype, TINY), dtype=dtype, ulps=4, grad=False)
+    # The gradient, g (1 - y^2), where y is the tanh above; away from |y| near 1, where 1 - y^2 cancels and
+    # amplifies any last-place difference of y.
+    small = torch.tensor(TINY + [DENORMAL[dtype], 0.0, -0.0, 0.5, -1.0], dtype=torch.float64).to(dtype)
+    _check(torch.tanh, small, dtype=dtype, ulps=4, grad_ulps=8)
+
+

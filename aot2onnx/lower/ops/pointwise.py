@@ -183,6 +183,19 @@ def aten_log1p(self):
     return _opmath(_log1p, self)
 
 
+@project_rule(aten.tanh.default)
+def aten_tanh(self):
+    """tanh(Tensor self) -> Tensor"""
+    if self.dtype != ir.DataType.FLOAT:
+        return op.Tanh(self)
+    # ONNX Runtime's float32 Tanh (MLAS's rational approximation) is up to 104 ULPs off below |x| = 7.5e-37
+    # (tanh(1e-40) was 9.99392e-41) and 1-2 ULPs off for other small x. Below 2^-12, tanh(x) rounds to x
+    # (x^3 / 3 is under half of x's last place; eager returns x up to 3.5e-4). x goes to Where's second
+    # operand, which keeps -0.0 (see select); Tanh of the rest is never zero.
+    large = op.GreaterOrEqual(op.Abs(self), op.CastLike(2.0**-12, self))
+    return op.Where(large, op.Tanh(self), self)
+
+
 @project_rule(prims.hypot.default)
 def prims_hypot(self, other):
     """hypot(Tensor self, Tensor other) -> Tensor"""
