@@ -196,6 +196,35 @@ def aten_tanh(self):
     return op.Where(large, op.Tanh(self), self)
 
 
+def _reciprocal(x):
+    return op.Div(op.CastLike(1.0, x), x)
+
+
+# ATen's CPU pow with a float32 or float64 tensor and these scalar exponents does not call pow
+# (PowKernel.cpp): 0.5 is sqrt, -0.5 is 1 / sqrt, -1 is 1 / x, 2 is x * x, 3 is x * x * x, -2 is 1 / (x * x).
+# Their signed zeros, infinities and NaNs differ from IEEE pow (pow(-inf, 0.5) is inf, sqrt(-inf) NaN;
+# pow(-0.0, -0.5) is +inf, 1 / sqrt(-0.0) -inf), and so do overflowing squares (1 / (x * x) of 1e20 is 0,
+# pow(1e20, -2) 1e-40).
+_POW_AS_ATEN = {
+    0.5: op.Sqrt,
+    -0.5: lambda x: _reciprocal(op.Sqrt(x)),
+    -1.0: _reciprocal,
+    2.0: lambda x: op.Mul(x, x),
+    3.0: lambda x: op.Mul(op.Mul(x, x), x),
+    -2.0: lambda x: _reciprocal(op.Mul(x, x)),
+}
+
+
+@project_rule(aten.pow.Tensor_Scalar)
+def aten_pow_tensor_scalar(self, exponent):
+    """pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor"""
+    if self.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and not isinstance(exponent, bool):
+        kernel = _POW_AS_ATEN.get(exponent)
+        if kernel is not None:
+            return kernel(self)
+    return torchlib_core.aten_pow_tensor_scalar(self, exponent)
+
+
 @project_rule(prims.hypot.default)
 def prims_hypot(self, other):
     """hypot(Tensor self, Tensor other) -> Tensor"""
