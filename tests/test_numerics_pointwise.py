@@ -161,3 +161,33 @@ def test_pow_exponents_computed_without_pow(exponent, dtype):
            grad_ulps=4)
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Selections keep -0.0 (ONNX Runtime's Where returned +0.0 for a -0.0 taken from its first operand)
+
+ZEROS = torch.tensor([-0.0, 0.0, -0.0, 2.0, -0.0, 0.0, NAN, -INF, -0.0, 1.0, 0.0, -0.0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_where_keeps_negative_zero(dtype):
+    x = ZEROS
+    y = torch.tensor([0.0, -0.0, -0.0, -0.0, 3.0, 0.0, 0.0, -0.0, INF, -0.0, -0.0, 5.0])
+    _check(lambda x: torch.where(x == 0, x, 1.0), x, dtype=dtype)
+    _check(lambda x: torch.where(x < 1, x, 10.0), x, dtype=dtype)
+    _check(lambda x: torch.where(x == 0, -0.0, x), x, dtype=dtype)
+    _check(lambda x: torch.where(x != 0, 0.0, x), x, dtype=dtype)
+    _check(lambda x, y: torch.where(x.isnan() | (x < y), x, y), x, y, dtype=dtype)
+    _check(lambda x, y: torch.where(1 / y < 0, x, y), x, y, dtype=dtype)  # where y has its sign bit set
+    # broadcast: a [4, 1] condition, [4, 3] and [3] operands
+    c = torch.tensor([[True], [False], [True], [False]])
+    _check(lambda x, y: torch.where(c, x, y), x.reshape(4, 3), y[:3], dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masked_fill_keeps_negative_zero(dtype):
+    x = ZEROS
+    _check(lambda x: x.masked_fill(x > 0, -0.0), x, dtype=dtype)
+    _check(lambda x: x.masked_fill(x.isnan(), 0.0), x, dtype=dtype)
+    _check(lambda x: x.masked_fill(x == 0, 4.0), x, dtype=dtype)
+    _check(lambda x: x.masked_fill(x.isinf(), torch.tensor(-0.0, dtype=dtype)), x, dtype=dtype)
+
+

@@ -49,6 +49,68 @@ def aten_sign(self):
     return op.Sub(op.CastLike(op.Less(zero, self), self), op.CastLike(op.Less(self, zero), self))
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Selections, extrema and clamps that keep the sign of zero.
+#
+# ONNX Runtime's CPU Where (where_op.cc) selects in two passes, x where the condition holds (+0.0 elsewhere)
+# and y where it does not (+0.0 elsewhere), and merges them as `x_part != 0 ? x_part : y_part`: a -0.0 taken
+# from x equals 0 and comes out as y_part's +0.0 (where(x == 0, x, 1.0) of -0.0 was 0.0). A -0.0 from y comes
+# through. Its Max and Min return either zero of a tie, by the element's place in their vector loop
+# (maximum(-x, x) of zeros(4) was 0.0, of zeros(7) 0.0 four times and -0.0 three times).
+
+
+def _negation(condition):
+    # Xor with true, not Not: ONNX Runtime's NotWhereFusion rewrites Where(Not(c), a, b) as Where(c, b, a),
+    # which would put back first the operand that may hold -0.0.
+    return op.Xor(condition, op.Constant(value=ir.tensor(True)))
+
+
+def _constant(value) -> np.ndarray | None:
+    if value.const_value is not None:
+        return value.const_value.numpy()
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Constant" and "value" in producer.attributes:
+        return producer.attributes["value"].as_tensor().numpy()
+    return None
+
+
+def _may_hold_negative_zero(value) -> bool:
+    if value.dtype is not None and value.dtype not in _FLOATS:
+        return False
+    data = _constant(value)
+    return data is None or bool(np.any((data == 0) & np.signbit(data)))
+
+
+def select(condition, x, y):
+    """``Where(condition, x, y)``, keeping the sign of every zero it selects."""
+    if not _may_hold_negative_zero(x):
+        return op.Where(condition, x, y)
+    if not _may_hold_negative_zero(y):
+        return op.Where(_negation(condition), y, x)
+    # Each operand where the other is selected is -inf (taken from Where's first operand: not a zero), which
+    # Max returns the other operand over exactly, NaN and -inf included.
+    lowest = op.CastLike(float("-inf"), x)
+    return op.Max(op.Where(_negation(condition), lowest, x), op.Where(condition, lowest, y))
+
+
+@project_rule(aten.where.self)
+def aten_where(condition, self, other):
+    """where.self(Tensor condition, Tensor self, Tensor other) -> Tensor"""
+    return select(condition, self, other)
+
+
+@project_rule(aten.masked_fill.Scalar)
+def aten_masked_fill(self, mask, value):
+    """masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor"""
+    return select(mask, op.CastLike(value, self), self)
+
+
+@project_rule(aten.masked_fill.Tensor)
+def aten_masked_fill_tensor(self, mask, value):
+    """masked_fill.Tensor(Tensor self, Tensor mask, Tensor value) -> Tensor"""
+    return select(mask, op.CastLike(value, self), self)
+
+
 def _clamp(self, low, high):
     # ONNX Runtime's Clip stands in the dtype's largest finite value for a missing bound, and so clips inf to
     # it (clamp(min=0) of inf gave 3.4e38): one bound is Max or Min, which propagate NaN, from x and from
