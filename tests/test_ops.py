@@ -116,6 +116,46 @@ def test_conv_backward_input_only_and_weight_only():
                 assert b.grad is None
 
 
+# Strided convolutions whose output size formula leaves rows to output_padding that the last window still
+# reads (a padded input of even size at stride 2): with symbolic sizes their input gradient was zero there,
+# which made every gradient below a ResNet's downsampling block wrong under a dynamic batch.
+SYMBOLIC_CONV_CASES = [
+    # (input shape, weight shape, stride, padding, dilation, groups)
+    ((2, 3, 8, 8), (4, 3, 3, 3), 2, 1, 1, 1),
+    ((2, 3, 9, 8), (4, 3, 3, 3), 3, 2, 1, 1),
+    ((2, 2, 10, 10), (4, 1, 3, 3), 2, 1, 2, 2),
+    ((2, 3, 4, 4), (4, 3, 1, 1), 2, 0, 1, 1),  # the last row is read by no window: its gradient is zero
+    ((2, 4, 17, 17), (8, 2, 5, 5), 3, 2, 2, 2),
+    ((2, 3, 8), (4, 3, 3), 2, 1, 1, 1),
+    ((2, 2, 6, 4, 5), (4, 2, 3, 1, 3), (2, 1, 2), 1, 1, 1),
+]
+
+
+@pytest.mark.parametrize("case", SYMBOLIC_CONV_CASES, ids=lambda c: f"in{c[0]}_w{c[1]}_s{c[2]}_p{c[3]}_d{c[4]}_g{c[5]}")
+@pytest.mark.parametrize("dynamic", ["batch", "all"])
+def test_conv_backward_with_symbolic_sizes(case, dynamic):
+    # "batch": only the batch is symbolic (what export_training traces); "all": the batch and the spatial sizes.
+    shape, wshape, stride, padding, dilation, groups = case
+    conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[len(shape)]
+    fn = lambda x, w: conv(x, w, None, stride, padding, dilation, groups)
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(shape, generator=g), torch.randn(wshape, generator=g)
+    xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    torch._dynamo.mark_dynamic(xc, 0 if dynamic == "batch" else [0, *range(2, x.dim())])
+    aot2onnx.reset_compiled_graphs()
+    ye, yc = fn(xe, we), torch.compile(fn, backend=aot2onnx.backend(fallback=False))(xc, wc)
+    cotangent = torch.randn(ye.shape, generator=g)
+    ye.backward(cotangent)
+    yc.backward(cotangent)
+    torch.testing.assert_close(yc, ye, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(xc.grad, xe.grad, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(wc.grad, we.grad, rtol=RTOL, atol=ATOL)
+    # The spatial sizes were static (ConvTranspose's output_padding) or symbolic (cropped and padded).
+    backward = next(g_ for g_ in aot2onnx.compiled_graphs() if g_.kind == "backward")
+    assert ("Pad" in backward.op_counts) == (dynamic == "all"), backward.op_counts
+
+
 @pytest.mark.parametrize(
     "kernel,stride,padding,dilation,ceil_mode",
     [(2, 2, 0, 1, False), (3, 2, 1, 1, False), (3, 1, 1, 1, False), (3, 2, 0, 2, True), ((2, 3), (1, 2), (1, 1), 1, True)],
