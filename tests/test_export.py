@@ -440,6 +440,33 @@ def test_batch_size_fixed_by_the_model_is_refused(tmp_path):
     assert sig["user_inputs"][0]["shape"] == [6, 4] and sig["dims"] == {}
 
 
+def test_the_module_is_traced_as_torch_export_traces_it(tmp_path):
+    # torch.compiler.is_compiling() and is_exporting() are True while the module is traced, so code written for
+    # traces takes the path that holds for every input. transformers' mask helpers skip an all-ones mask only
+    # where neither is set, with `.all()` on the mask: a value the trace cannot decide (GPT-2 with
+    # use_cache=False failed to export with "Could not guard on data-dependent expression").
+    seen = []
+
+    class SkipsAnAllOnesMask(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 1)
+
+        def forward(self, x, mask):
+            seen.append((torch.compiler.is_compiling(), torch.compiler.is_exporting()))
+            if not torch.compiler.is_exporting() and bool(mask.all()):
+                return self.fc(x).square().mean()
+            return (self.fc(x).squeeze(-1).square() * mask).sum() / mask.sum()
+
+    torch.manual_seed(0)
+    model = SkipsAnAllOnesMask()
+    aot2onnx.export_training(copy.deepcopy(model), (torch.randn(4, 4), torch.ones(4)), tmp_path,
+                             optimizer=aot2onnx.optim.SGD(0.1))
+    assert (True, True) in seen and not torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+    x, mask = torch.randn(5, 4), torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0])
+    assert edge.Trainer(tmp_path).step(x.numpy(), mask.numpy()) == pytest.approx(model(x, mask).item(), rel=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # python -m aot2onnx export
 

@@ -571,7 +571,9 @@ def export_training(
     Args:
         module: ``module(*example_inputs)`` returns the scalar loss, or a tuple whose first element is the loss
             and whose others are outputs the device wants to see (they are returned detached). The module is
-            traced in its current mode (``train()`` for BatchNorm's batch statistics) and not modified.
+            traced in its current mode (``train()`` for BatchNorm's batch statistics) and not modified. While
+            it is traced, ``torch.compiler.is_compiling()`` and ``torch.compiler.is_exporting()`` are True, as
+            under ``torch.export``: code that branches on them takes the path that holds for every input.
         example_inputs: Tensors, in the order ``module`` takes them. Their values are not used; their dtypes and
             shapes are.
         out_dir: Created if needed. ``forward.onnx``, ``backward.onnx``, ``optimizer.onnx`` (with an

@@ -18,6 +18,7 @@ import sympy
 import torch
 import torch.fx
 import torch.nn as nn
+from torch._export.utils import _compiling_state_context
 from torch._functorch.aot_autograd import aot_compile_joint_with_descriptors, aot_export_joint_with_descriptors
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental import _config as fx_config
@@ -138,9 +139,14 @@ def trace_joint(
         stack.enter_context(torch.enable_grad())  # the joint graph needs autograd, even if the caller is in no_grad
         with stage("tracing the joint forward-backward graph with AOTAutograd"):
             try:
-                joint = aot_export_joint_with_descriptors(
-                    stack, wrapper, tuple(fakes), decompositions=decompositions
-                )
+                # torch.compiler.is_compiling() and is_exporting() are True while the module runs, as in
+                # torch.export's non-strict trace: libraries then take the paths written for a graph that must
+                # hold for every input, instead of branching on values (transformers' mask helpers call
+                # .all() on the attention or position ids otherwise, which a trace cannot decide).
+                with _compiling_state_context():
+                    joint = aot_export_joint_with_descriptors(
+                        stack, wrapper, tuple(fakes), decompositions=decompositions
+                    )
             except CaptureError:
                 raise
             except Exception as e:
