@@ -93,6 +93,13 @@ def select(condition, x, y):
     return op.Max(op.Where(_negation(condition), lowest, x), op.Where(condition, lowest, y))
 
 
+def _scalar_like(value, like):
+    # In like's dtype from the start: a Python float through CastLike is made a float32 constant first.
+    if isinstance(value, ir.Value):  # a symbolic scalar
+        return op.CastLike(value, like)
+    return op.Constant(value=ir.tensor(np.array(value, dtype=like.dtype.numpy())))
+
+
 @project_rule(aten.where.self)
 def aten_where(condition, self, other):
     """where.self(Tensor condition, Tensor self, Tensor other) -> Tensor"""
@@ -111,26 +118,67 @@ def aten_masked_fill_tensor(self, mask, value):
     return select(mask, op.CastLike(value, self), self)
 
 
+def _extremum(extremum, loser: float, self, other, dtype: ir.DataType):
+    # ATen's maximum (minimum) is NaN where either operand is, else the larger (smaller) one, and on a tie
+    # (0.0 and -0.0) self in its scalar loop, other in its vector loop: eager's answer for a tie of zeros
+    # depends on the element's place too. Here it is always self, as in ATen's scalar code. Where the two
+    # are equal, other becomes -inf (inf), which extremum passes over for self.
+    if dtype not in _FLOATS:
+        return extremum(self, other)
+    return extremum(self, op.Where(op.Equal(self, other), op.CastLike(loser, other), other))
+
+
+@project_rule(aten.maximum.default)
+def aten_maximum(self, other):
+    """maximum(Tensor self, Tensor other) -> Tensor"""
+    if self.dtype == ir.DataType.BOOL:
+        return op.Or(self, other)
+    return _extremum(op.Max, float("-inf"), self, other, self.dtype)
+
+
+@project_rule(aten.minimum.default)
+def aten_minimum(self, other):
+    """minimum(Tensor self, Tensor other) -> Tensor"""
+    if self.dtype == ir.DataType.BOOL:
+        return op.And(self, other)
+    return _extremum(op.Min, float("inf"), self, other, self.dtype)
+
+
 def _clamp(self, low, high):
-    # ONNX Runtime's Clip stands in the dtype's largest finite value for a missing bound, and so clips inf to
-    # it (clamp(min=0) of inf gave 3.4e38): one bound is Max or Min, which propagate NaN, from x and from
-    # the bound alike, as ATen does.
-    if low is not None:
-        self = op.Max(self, op.CastLike(low, self))
-    if high is not None:
-        self = op.Min(self, op.CastLike(high, self))
-    return self
+    if any(isinstance(bound, float) and math.isnan(bound) for bound in (low, high)):
+        # Every element is NaN in ATen; ONNX Runtime's float32 Clip ignores a NaN bound.
+        return op.Expand(op.CastLike(float("nan"), self), op.Shape(self))
+    if self.dtype not in _FLOATS:
+        if low is not None:
+            self = op.Max(self, op.CastLike(low, self))
+        if high is not None:
+            self = op.Min(self, op.CastLike(high, self))
+        return self
+    # ONNX Runtime's Clip stands in the dtype's largest finite value for a missing bound (clamp(min=0) of
+    # inf gave 3.4e38); with that bound infinite it is exact: x on a tie (clamp(-0.0, min=0.0) is -0.0, as in
+    # ATen), NaN for NaN.
+    low = float("-inf") if low is None else low
+    high = float("inf") if high is None else high
+    return op.Clip(self, _scalar_like(low, self), _scalar_like(high, self))
 
 
 @project_rule(aten.clamp.default)
 def aten_clamp(self, min=None, max=None):
     """clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor"""
-    if any(isinstance(bound, float) and math.isnan(bound) for bound in (min, max)):
-        # Every element is NaN in ATen; ONNX Runtime's float32 Clip ignores a NaN bound.
-        return op.Expand(op.CastLike(float("nan"), self), op.Shape(self))
-    if min is not None and max is not None:
-        return torchlib_core.aten_clamp(self, min, max)  # Clip, given both bounds, is exact in one pass
     return _clamp(self, min, max)
+
+
+@project_rule(aten.clamp.Tensor)
+def aten_clamp_tensor(self, min=None, max=None):
+    """clamp.Tensor(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor"""
+    # Also clamp with a Python bound in a float64 graph: the exporter's type promotion makes the bound a
+    # float64 scalar_tensor. NaN in a bound is NaN, as in ATen (Max and Min propagate it).
+    dtype = self.dtype  # (the Max's output has none yet)
+    if min is not None:
+        self = _extremum(op.Max, float("-inf"), self, min, dtype)
+    if max is not None:
+        self = _extremum(op.Min, float("inf"), self, max, dtype)
+    return self
 
 
 @project_rule(aten.clamp_min.default)
@@ -142,7 +190,7 @@ def aten_clamp_min(self, min):
 @project_rule(aten.clamp_min.Tensor)
 def aten_clamp_min_tensor(self, min):
     """clamp_min.Tensor(Tensor self, Tensor min) -> Tensor"""
-    return _clamp(self, min, None)
+    return _extremum(op.Max, float("-inf"), self, min, self.dtype)
 
 
 @project_rule(aten.clamp_max.default)
@@ -154,7 +202,7 @@ def aten_clamp_max(self, max):
 @project_rule(aten.clamp_max.Tensor)
 def aten_clamp_max_tensor(self, max):
     """clamp_max.Tensor(Tensor self, Tensor max) -> Tensor"""
-    return _clamp(self, None, max)
+    return _extremum(op.Min, float("inf"), self, max, self.dtype)
 
 
 @project_rule(aten.hardtanh_backward.default)
