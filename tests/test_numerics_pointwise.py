@@ -191,6 +191,22 @@ def test_masked_fill_keeps_negative_zero(dtype):
     _check(lambda x: x.masked_fill(x.isinf(), torch.tensor(-0.0, dtype=dtype)), x, dtype=dtype)
 
 
+@pytest.mark.parametrize("value", [0.1, 1e-310, 1 / 3, -1e300, 2.0**-1074])
+def test_masked_fill_value_in_float64(value):
+    # float64 masked_fill rounded its value to float32: 0.1 was 0.10000000149011612, 1e-310 was 0.
+    x = torch.tensor([1.0, -1.0, 0.5, -0.0])
+    _check(lambda x: x.masked_fill(x > 0, value), x, dtype=torch.float64)
+    _check(lambda x: (torch.where(x > 0, x, value), torch.where(x > 0, value, x)), x, dtype=torch.float64)
+
+
+def test_hardtanh_bounds_in_float64():
+    # torch_lib's hardtanh (and its backward here) made the bounds float32 constants: float64 hardtanh(x, 0.1,
+    # 0.3) clipped at 0.10000000149011612, and passed no gradient to x = 0.1000000001.
+    x = torch.tensor([0.1000000001, 0.05, 0.1, 0.29999999999, 0.3, 0.3000000001, -0.0, 0.0, INF, -INF])
+    _check(lambda x: F.hardtanh(x, 0.1, 0.3), x, dtype=torch.float64)
+    _check(lambda x: F.hardtanh(x, -1 / 3, 1 / 3), x - 0.4, dtype=torch.float64)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # maximum, minimum and clamp on ties of 0.0 and -0.0 (ONNX Runtime's Max and Min returned either zero by
 # the element's place in their vector loop). Eager's clamp with a scalar bound returns self on a tie;

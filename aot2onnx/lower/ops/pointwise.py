@@ -109,7 +109,9 @@ def aten_where(condition, self, other):
 @project_rule(aten.masked_fill.Scalar)
 def aten_masked_fill(self, mask, value):
     """masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor"""
-    return select(mask, op.CastLike(value, self), self)
+    # The value in self's dtype: torch_lib's float32 constant cast to float64 made 0.1 0.10000000149011612 and
+    # 1e-310 0.
+    return select(mask, _scalar_like(value, self), self)
 
 
 @project_rule(aten.masked_fill.Tensor)
@@ -205,14 +207,23 @@ def aten_clamp_max_tensor(self, max):
     return _extremum(op.Min, float("inf"), self, max, self.dtype)
 
 
+@project_rule(aten.hardtanh.default)
+def aten_hardtanh(self, min_val=-1, max_val=1):
+    """hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor"""
+    # torch_lib's Clip takes the bounds as float32 constants: float64 hardtanh(x, 0.1, 0.3) clipped at
+    # 0.10000000149011612.
+    return _clamp(self, min_val, max_val)
+
+
 @project_rule(aten.hardtanh_backward.default)
 def aten_hardtanh_backward(grad_output, self, min_val, max_val):
     """hardtanh_backward(Tensor grad_output, Tensor self, Scalar min_val, Scalar max_val) -> Tensor"""
     # ATen passes the gradient only strictly inside (min_val, max_val) (and at NaN): zero at the bounds,
     # where relu6's input is 0. torch_lib's rule passes it at the bounds and multiplies by a 0/1 mask, which
-    # makes an infinite gradient NaN where it should be 0 (and a float32 mask fails float64).
-    clipped = op.Or(op.LessOrEqual(self, op.CastLike(min_val, self)),
-                    op.GreaterOrEqual(self, op.CastLike(max_val, self)))
+    # makes an infinite gradient NaN where it should be 0 (and a float32 mask fails float64). The bounds are
+    # made in self's dtype (CastLike of a float64 bound rounded it through float32).
+    clipped = op.Or(op.LessOrEqual(self, _scalar_like(min_val, self)),
+                    op.GreaterOrEqual(self, _scalar_like(max_val, self)))
     return op.Where(clipped, op.CastLike(0, grad_output), grad_output)
 
 
