@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import functools
 import hashlib
 import logging
@@ -38,7 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from aot2onnx.authentication import Authenticator
 from aot2onnx.signature import GraphKind
 
-__all__ = ["GraphKind", "ReloadableGraph", "capture", "math_attention", "partition_function"]
+__all__ = ["GraphKind", "GraphObserver", "ReloadableGraph", "capture", "math_attention", "observing", "partition_function"]
 
 logger = logging.getLogger("aot2onnx")
 
@@ -60,6 +61,37 @@ def partition_function(name: str) -> Callable:
 # what load_graph(key, kind) takes to make the same callable again in a later process.
 GraphCompiler = Callable[[torch.fx.GraphModule, Sequence[Any], GraphKind, float], tuple[Callable, str | None]]
 GraphLoader = Callable[[str, GraphKind], Callable]
+
+# observer(kind, graph, runner) -> runner: sees each graph a capture makes and what it was compiled to.
+GraphObserver = Callable[[GraphKind, torch.fx.GraphModule, Callable], Callable]
+
+# The open observing() block's observer, if any. A module global, not a context variable: AOTAutograd may
+# compile the backward graph at the first backward, in the autograd engine's thread.
+_observer: GraphObserver | None = None
+
+
+@contextlib.contextmanager
+def observing(observer: GraphObserver) -> Iterator[None]:
+    """Shows ``observer`` every graph that captures compile inside the block (aot2onnx.parity's hook).
+
+    ``observer(kind, graph, runner)`` gets a copy of the FX graph as AOTAutograd produced it (the compiler's
+    passes and the fallback's split rewrite their own) and the callable it was compiled to, and returns the
+    callable AOTAutograd is to run instead (the same one, or a wrapper in the boxed calling convention).
+    Graphs served by AOTAutograd's cache are not compiled, so not shown: observe with the cache off. Off, a
+    capture pays one check of a global per graph.
+    """
+    global _observer
+    outer, _observer = _observer, observer
+    try:
+        yield
+    finally:
+        _observer = outer
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` with nodes of its own (their meta dicts copied, the fake values in them shared)."""
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+
 
 # The loader of the capture in progress: AOTAutogradCache unpickles a ReloadableGraph and calls its
 # post_compile with nothing of ours in reach.
@@ -147,7 +179,11 @@ def capture(
         # backward graph was partitioned in the same trace, so it reports no capture time of its own.
         seconds = 0.0 if kind is GraphKind.BACKWARD else time.perf_counter() - start
         compile_start = time.perf_counter_ns()
+        observer = _observer
+        original = _copy(graph) if observer is not None else None
         runner, key = compile_graph(graph, inputs, kind, seconds)
+        if observer is not None:
+            runner = observer(kind, original, runner)
         if not cached:
             return runner
         reloadable = ReloadableGraph(runner, key, kind)

@@ -1,0 +1,283 @@
+"""The parity report: what was compared, what parted, and the pages ``save`` writes."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import math
+import pathlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from aot2onnx.tools.parity.errors import SLACK_ULPS, ErrorStats
+from aot2onnx.tools.parity.nodes import GraphParity, NodeParity
+from aot2onnx.tools.parity.plot import error_plot
+
+__all__ = ["ParityReport", "TensorParity"]
+
+# Which graphs first_divergence(kind) looks in: an inference graph is a forward graph without a backward.
+_KINDS = {"forward": ("forward", "inference"), "backward": ("backward",), "inference": ("inference",)}
+_TABLE_ROWS = 15  # node rows per graph in the Markdown page (the HTML page and the JSON have them all)
+
+
+@dataclasses.dataclass
+class TensorParity:
+    """An output, a gradient, a buffer or a mutated input after the step: compiled against eager."""
+
+    what: str  # loss, output, grad, input grad, buffer, mutated input
+    name: str
+    shape: list[int]
+    dtype: str
+    stats: ErrorStats
+
+    @property
+    def ok(self) -> bool:
+        return self.stats.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"what": self.what, "name": self.name, "shape": self.shape, "dtype": self.dtype, "ok": self.ok,
+                **self.stats.to_dict()}
+
+
+def _g(x: float) -> str:
+    return f"{x:.3g}" if math.isfinite(x) else str(x)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+@dataclasses.dataclass
+class ParityReport:
+    """What :func:`aot2onnx.parity.compare` found. ``ok``: every tensor within tolerance and no divergent node."""
+
+    rtol: float
+    atol: float
+    tensors: list[TensorParity]
+    graphs: list[GraphParity]
+    notes: list[str]
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(t.ok for t in self.tensors) and not self.divergences
+
+    @property
+    def divergences(self) -> list[NodeParity]:
+        """Every divergent node (own error beyond tolerance), graph by graph in the order they ran."""
+        return [n for g in self.graphs for n in g.nodes if n.divergent]
+
+    def first_divergence(self, kind: str = "forward") -> NodeParity | None:
+        """The first node, in the order the ``kind`` graphs ran (``forward`` includes inference graphs) and in
+        graph order within them, whose own error is beyond tolerance; None if there is none."""
+        if kind not in _KINDS:
+            raise ValueError(f"kind must be one of {sorted(_KINDS)}, got {kind!r}")
+        found = [(g.order, n.index, n) for g in self.graphs if g.kind in _KINDS[kind] for n in g.nodes if n.divergent]
+        return min(found, key=lambda t: t[:2])[2] if found else None
+
+    def graph(self, name: str) -> GraphParity:
+        return next(g for g in self.graphs if g.name == name)
+
+    def _reproducer(self, node: NodeParity) -> Any:
+        graph = self.graph(node.graph)
+        return graph.reproducer if graph.first_divergence is node else None
+
+    # ------------------------------------------------------------------------------------------ text
+
+    def summary_line(self) -> str:
+        beyond = [t for t in self.tensors if not t.ok]
+        compared = sum(len(g.nodes) for g in self.graphs)
+        head = (f"parity {'ok' if self.ok else 'NOT ok'}: {len(self.tensors) - len(beyond)} of {len(self.tensors)} "
+                f"tensors within rtol={self.rtol:g}, atol={self.atol:g}; {compared} nodes in {len(self.graphs)} "
+                "compiled graph(s) compared")
+        firsts = [(k, n) for k in ("forward", "backward") if (n := self.first_divergence(k)) is not None]
+        if firsts:
+            head += "; first divergent node: " + "; ".join(f"{k} {n.target} ({n.fx_name}) at {n.source}" for k, n in firsts)
+        elif compared:
+            head += ", none divergent"
+        return head
+
+    def summary(self) -> str:
+        """Several lines: the summary, the tensors beyond tolerance, the first divergent nodes."""
+        lines = [self.summary_line()]
+        beyond = [t for t in self.tensors if not t.ok]
+        if beyond:
+            lines.append("tensors beyond tolerance:")
+            lines += [f"  {t.what} {t.name} {t.dtype}{t.shape}: " + (t.stats.mismatch or
+                      f"max |diff| {_g(t.stats.max_abs)}, max rel {_g(t.stats.max_rel)}, "
+                      f"{100 * t.stats.beyond:.3g}% beyond") for t in beyond]
+        for kind in ("forward", "backward"):
+            node = self.first_divergence(kind)
+            if node is not None:
+                lines.append(f"first divergent node of the {kind} graphs: " + node.describe())
+        if beyond and not self.divergences and any(g.nodes for g in self.graphs):
+            tied = [n.fx_name for g in self.graphs for n in g.nodes if n.note.startswith("indices of tied")]
+            lines.append(
+                "no node is beyond tolerance on its own: the difference accumulated from differences within it "
+                "(rounding)" + (f", or follows from tied values ordered differently ({', '.join(tied)})" if tied else "")
+                + ", or comes from code outside the compiled graphs"
+            )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        first = {k: (n.to_dict() if (n := self.first_divergence(k)) else None) for k in ("forward", "backward")}
+        return {
+            "ok": self.ok, "rtol": self.rtol, "atol": self.atol, "slack_ulps": SLACK_ULPS, "seconds": self.seconds,
+            "summary": self.summary_line(), "tensors": [t.to_dict() for t in self.tensors],
+            "first_divergence": first, "graphs": [g.to_dict() for g in self.graphs], "notes": self.notes,
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    # ------------------------------------------------------------------------------------------ pages
+
+    def save(self, directory: str | pathlib.Path) -> pathlib.Path:
+        """Writes ``report.md``, ``report.html`` (the plots inline), ``report.json``, one SVG plot per graph,
+        and for the first divergent node of the forward and of the backward graphs a reproducer in
+        ``repro_forward/`` and ``repro_backward/`` (``node.onnx``, ``inputs.npz``, ``expected.npz``,
+        ``repro.py``). Returns the Markdown page's path."""
+        directory = pathlib.Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        plots = {}
+        for graph in self.graphs:
+            if graph.nodes:
+                path = directory / f"plot_{_slug(graph.name)}.svg"
+                path.write_text(error_plot(graph))
+                plots[graph.name] = path
+        repros = {}
+        for kind in ("forward", "backward"):
+            node = self.first_divergence(kind)
+            reproducer = self._reproducer(node) if node is not None else None
+            if reproducer is not None:
+                reproducer.write(directory / f"repro_{kind}")
+                repros[kind] = directory / f"repro_{kind}"
+        (directory / "report.json").write_text(self.to_json())
+        (directory / "report.md").write_text(self._markdown(plots, repros))
+        (directory / "report.html").write_text(self._html(plots, repros))
+        return directory / "report.md"
+
+    def _tolerance_text(self) -> str:
+        return (f"An element is beyond tolerance where |compiled - eager| > atol + rtol * |eager| (rtol={self.rtol:g}, "
+                f"atol={self.atol:g}), or where NaN or an infinity is on one side only. A node's own error (PyTorch's "
+                f"kernel and ONNX Runtime on the same input values) is also allowed {SLACK_ULPS} float32 ulps of the "
+                "largest magnitude among its inputs and outputs, the rounding two correct kernels may differ by.")
+
+    def _tensor_rows(self) -> list[list[str]]:
+        return [[t.what, t.name, str(t.shape), t.dtype, _g(t.stats.max_abs), _g(t.stats.max_rel),
+                 f"{100 * t.stats.beyond:.3g}%", f"{t.stats.nan_mismatch}/{t.stats.inf_mismatch}",
+                 "ok" if t.ok else ("**" + (t.stats.mismatch or "beyond") + "**")] for t in self.tensors]
+
+    @staticmethod
+    def _node_row(n: NodeParity) -> list[str]:
+        own = n.note or (n.own.mismatch if n.own and n.own.mismatch else _g(n.own.ratio) if n.own else "")
+        return [str(n.index), n.fx_name, n.target, str(n.shape), own,
+                _g(n.own.max_abs) if n.own and not n.own.mismatch else "",
+                _g(n.error.max_abs) if n.error and not n.error.mismatch else "",
+                "**divergent**" if n.divergent else "", n.source]
+
+    _NODE_HEADER = ["#", "FX node", "op", "shape", "own error / tol", "own max abs", "max abs vs eager", "", "source"]
+    _TENSOR_HEADER = ["what", "name", "shape", "dtype", "max abs", "max rel", "beyond", "NaN/inf mismatches", ""]
+
+    def _markdown(self, plots: dict[str, pathlib.Path], repros: dict[str, pathlib.Path]) -> str:
+        def table(header: list[str], rows: list[list[str]]) -> list[str]:
+            clean = [[c.replace("|", "\\|").replace("\n", " ") for c in r] for r in rows]
+            return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in clean)]
+
+        out = ["# Parity report: eager PyTorch against aot2onnx on ONNX Runtime", "",
+               f"**{self.summary_line()}**", "", self._tolerance_text(), "",
+               "## Outputs, gradients, buffers", ""]
+        out += table(self._TENSOR_HEADER, self._tensor_rows()) if self.tensors else ["(none compared)"]
+        out += ["", "## First divergent nodes", ""]
+        for kind in ("forward", "backward"):
+            node = self.first_divergence(kind)
+            out.append(f"### {kind}")
+            out.append("")
+            if node is None:
+                out += ["None: no node's own error is beyond tolerance.", ""]
+                continue
+            out += ["```", node.describe(), "```", ""]
+            if kind in repros:
+                out += [f"Reproducer: `{repros[kind].name}/` (`python {repros[kind].name}/repro.py` prints the "
+                        "difference between ONNX Runtime and PyTorch on the node's inputs).", ""]
+        out += ["## Graphs", ""]
+        for graph in self.graphs:
+            out += [f"### {graph.name} ({graph.kind})", "", self._graph_line(graph), ""]
+            if graph.name in plots:
+                out += [f"![error along {graph.name}]({plots[graph.name].name})", ""]
+            shown = sorted((n for n in graph.nodes if n.own is not None or n.note),
+                           key=lambda n: (not n.divergent, -(n.own.ratio if n.own else 0)))[:_TABLE_ROWS]
+            if shown:
+                out += [f"The {len(shown)} nodes with the largest own error (all {len(graph.nodes)} in report.html "
+                        "and report.json):", ""]
+                out += table(self._NODE_HEADER, [self._node_row(n) for n in sorted(shown, key=lambda n: n.index)])
+                out.append("")
+        if self.notes:
+            out += ["## Notes", "", *(f"- {n}" for n in self.notes), ""]
+        return "\n".join(out) + "\n"
+
+    @staticmethod
+    def _graph_line(graph: GraphParity) -> str:
+        text = (f"{len(graph.nodes)} of {graph.fx_node_count} lowered FX nodes compared ({graph.unobserved} have no "
+                f"value of their own in the ONNX model: folded or renamed by its cleanup); {graph.onnx_node_count} "
+                "ONNX nodes.")
+        if graph.name != graph.whole:
+            text += f" A partition of {graph.whole}, split by the fallback"
+            text += f"; {len(graph.in_torch)} node(s) of it run in PyTorch." if graph.in_torch else "."
+        first = graph.first_divergence
+        text += f" First divergent node: {first.fx_name} ({first.target})." if first else " No divergent node."
+        return text
+
+    def _html(self, plots: dict[str, pathlib.Path], repros: dict[str, pathlib.Path]) -> str:
+        def table(header: list[str], rows: list[list[str]], marked: Sequence[bool] = ()) -> str:
+            head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+            body = []
+            for i, row in enumerate(rows):
+                style = ' class="bad"' if i < len(marked) and marked[i] else ""
+                cells = "".join(f"<td>{html.escape(c.strip('*'))}</td>" for c in row)
+                body.append(f"<tr{style}>{cells}</tr>")
+            return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+        status = "ok" if self.ok else "bad"
+        parts = [
+            "<!DOCTYPE html><html><head><meta charset='utf-8'><title>aot2onnx parity report</title><style>",
+            "body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;font-size:12px}",
+            "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left} tr.bad{background:#fdd}",
+            ".ok{color:#070} .bad{color:#b00} pre{background:#f6f6f6;padding:8px;overflow-x:auto}",
+            "</style></head><body>",
+            "<h1>Parity report: eager PyTorch against aot2onnx on ONNX Runtime</h1>",
+            f"<p class='{status}'><b>{html.escape(self.summary_line())}</b></p>",
+            f"<p>{html.escape(self._tolerance_text())}</p>",
+            "<h2>Outputs, gradients, buffers</h2>",
+            table(self._TENSOR_HEADER, self._tensor_rows(), [not t.ok for t in self.tensors]),
+            "<h2>First divergent nodes</h2>",
+        ]
+        for kind in ("forward", "backward"):
+            node = self.first_divergence(kind)
+            parts.append(f"<h3>{kind}</h3>")
+            if node is None:
+                parts.append("<p>None: no node's own error is beyond tolerance.</p>")
+                continue
+            parts.append(f"<pre>{html.escape(node.describe())}</pre>")
+            if kind in repros:
+                parts.append(f"<p>Reproducer: <code>{repros[kind].name}/</code> (<code>python {repros[kind].name}/repro.py"
+                             "</code> prints the difference between ONNX Runtime and PyTorch on the node's inputs).</p>")
+        parts.append("<h2>Graphs</h2>")
+        for graph in self.graphs:
+            parts += [f"<h3>{html.escape(graph.name)} ({graph.kind})</h3>", f"<p>{html.escape(self._graph_line(graph))}</p>"]
+            if graph.name in plots:
+                parts.append(plots[graph.name].read_text())
+            if graph.nodes:
+                parts.append("<details><summary>every compared node</summary>")
+                parts.append(table(self._NODE_HEADER, [self._node_row(n) for n in graph.nodes],
+                                   [n.divergent for n in graph.nodes]))
+                parts.append("</details>")
+        if self.notes:
+            parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in self.notes) + "</ul>")
+        parts.append("</body></html>")
+        return "\n".join(parts) + "\n"
