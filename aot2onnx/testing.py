@@ -141,7 +141,10 @@ def assert_parity(
 
     Compares the loss at every step, every parameter gradient and input gradient at step 1, and the
     parameters, buffers and inputs after the last step. Raises ``AssertionError`` with a table of every
-    mismatch; also when no ONNX Runtime session ran. Returns the report otherwise.
+    mismatch; also when no ONNX Runtime session ran. Returns the report otherwise. Where tensors differ and
+    the backend is aot2onnx's, the message also holds :func:`aot2onnx.parity.compare`'s summary of the first
+    step from the same initial state: the first node of the forward and of the backward graphs whose own
+    error is beyond tolerance, with the user's source line.
     """
     optimizer = optimizer or (lambda params: torch.optim.SGD(params, lr=0.1))
     loss_fn = loss_fn or (lambda out, *_: out)
@@ -199,6 +202,9 @@ def assert_parity(
     if mismatches:
         problems.append(f"{len(mismatches)} of {compared} compared tensors differ from eager "
                         f"(rtol={rtol}, atol={atol}):\n{report.table()}")
+        options = _aot2onnx_options(backend)
+        if options is not None:
+            problems.append(_where_they_part(model_factory, batches[0], loss_fn, targets, options, rtol, atol, seed))
     if backend == "aot2onnx" or getattr(backend, "func", None) is not None:
         if not report.graphs or report.ort_runs == 0:
             problems.append("no ONNX Runtime session ran")
@@ -212,6 +218,33 @@ def assert_parity(
     if problems:
         raise AssertionError("\n".join(problems))
     return report
+
+
+def _aot2onnx_options(backend: Any) -> dict[str, Any] | None:
+    """The options of an aot2onnx backend (``"aot2onnx"``, ``aot2onnx.backend(...)``); None for another backend."""
+    if backend == "aot2onnx":
+        return {}
+    options = getattr(backend, "keywords", {}).get("options") if getattr(backend, "func", None) is not None else None
+    if options is None:
+        return None
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+
+
+def _where_they_part(model_factory: Callable[[], torch.nn.Module], batch: tuple, loss_fn: Callable[..., torch.Tensor],
+                     targets: Sequence[Any] | None, options: dict[str, Any], rtol: float, atol: float, seed: int) -> str:
+    """The parity report of the first step, from the same initial state: the first node of the forward and of
+    the backward graphs where ONNX Runtime and eager part, with the user's source line."""
+    from aot2onnx.parity import compare
+
+    try:
+        torch.manual_seed(seed)
+        model = model_factory()
+        report = compare(model, _copy_batch(batch), loss_fn=loss_fn,
+                         targets=targets[0] if targets is not None else None, options=options, rtol=rtol, atol=atol,
+                         seed=seed + 1)
+    except Exception as e:  # the diagnosis must not hide the failure it explains
+        return f"aot2onnx.parity could not compare the first step node by node: {type(e).__name__}: {e}"
+    return "aot2onnx.parity, the first step node by node:\n" + report.summary()
 
 
 def _heavy_ops_run_by_torch(compiled: Callable, batch: tuple) -> list[str]:

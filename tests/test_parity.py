@@ -21,6 +21,7 @@ from onnxscript import opset18 as op
 
 import aot2onnx
 import aot2onnx.parity
+from aot2onnx.testing import assert_parity
 
 aten = torch.ops.aten
 
@@ -274,6 +275,16 @@ def test_correct_zoo_models_have_no_divergent_node(name):
     assert report.graphs and report.divergences == [], report.summary()
     assert report.ok, report.summary()
     assert sum(len(g.nodes) for g in report.graphs) > 20
+
+
+def test_assert_parity_names_the_first_divergent_node():
+    aot2onnx.register_lowering(aten.gelu.default)(_gelu_off)
+    with pytest.raises(AssertionError) as failure:
+        assert_parity(_GeluMLP, (_x(6, 8),), loss_fn=lambda y: y.square().mean(), steps=2, check_torch_ops=False)
+    message = str(failure.value)
+    assert "differ from eager" in message  # the table as before, then where the runtimes part
+    assert "first divergent node of the forward graphs: aten.gelu.default (FX node 'gelu'" in message
+    assert _line(_GeluMLP.forward, "the gelu line") in message
 
 
 class _LossModel(torch.nn.Module):
