@@ -1,5 +1,7 @@
 """Elementwise prims that PyTorch's decompositions produce and torch_lib does not lower, and elementwise ops
-whose torch_lib rule answers differently from ATen (sign and clamp with NaN, hardtanh's gradient at its bounds)."""
+whose torch_lib rule answers differently from ATen: sign and clamp with NaN, hardtanh's gradient at its bounds,
+signed zeros through selections, extrema and clamps, float64 scalars, the tails of sigmoid, tanh and log1p,
+and pow with the exponents ATen computes without pow."""
 
 from __future__ import annotations
 
@@ -360,9 +362,11 @@ def prims_hypot(self, other):
     return op.Where(op.Or(op.IsInf(a), op.IsInf(b)), inf, result)
 
 
+@project_rule(aten.signbit.default)
 @project_rule(prims.signbit.default)
 def prims_signbit(self):
     """signbit(Tensor self) -> Tensor"""
+    # (torch_lib's aten.signbit is x < 0, False for -0.0.)
     if self.dtype not in _FLOATS:
         return op.Less(self, op.CastLike(0, self))
     # -0.0 has its sign bit set: 1 / -0.0 is -inf. (A NaN's sign bit is not visible without a bit cast.)
