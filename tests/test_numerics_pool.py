@@ -19,13 +19,18 @@ NAN, INF = float("nan"), float("inf")
 DTYPES = [torch.float32, torch.float64]
 
 
-def _assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    """Bit for bit where exact: equal values, NaN for NaN, and the same sign of zero."""
+def _assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str, tol: dict | None = None) -> None:
+    """Bit for bit where exact: equal values, NaN for NaN, and the same sign of zero. With ``tol`` (for sums,
+    which ONNX Runtime rounds in its own order), finite nonzero values need only be that close."""
     assert actual.dtype == expected.dtype and actual.shape == expected.shape, (what, actual, expected)
     if not expected.is_floating_point():
         assert torch.equal(actual, expected), (what, actual, expected)
         return
     same = ((actual == expected) & (actual.signbit() == expected.signbit())) | (actual.isnan() & expected.isnan())
+    if tol is not None:
+        nonzero = torch.isfinite(expected) & (expected != 0)
+        near = torch.isclose(actual, expected, **tol) & torch.isfinite(actual)
+        same = torch.where(nonzero, near, same)
     assert bool(same.all()), f"{what}:\n compiled {actual.flatten().tolist()}\n eager    {expected.flatten().tolist()}"
 
 
@@ -37,7 +42,7 @@ def _check(fn, x: torch.Tensor, dtype: torch.dtype, *, grad: bool, cotangent=Non
            tol: dict | None = None) -> None:
     """fn eagerly and through ``torch.compile(backend="aot2onnx")``: every output, and with ``grad`` the
     gradient of x under ``cotangent`` (1, 2, 3, ... by default) or against ``grad_expected`` (where eager's
-    own backward is not to be run). ``tol``: a rounding tolerance instead of bit-for-bit equality."""
+    own backward is not to be run). ``tol``: see _assert_same."""
     torch._dynamo.reset()
     reset_fallback_graphs()
     xe = x.detach().to(dtype, copy=True).requires_grad_(grad)
@@ -50,10 +55,7 @@ def _check(fn, x: torch.Tensor, dtype: torch.dtype, *, grad: bool, cotangent=Non
             out_e, out_c = fn(xe), compiled(xc)
     assert not fallback_graphs(), "a node ran in PyTorch"
     for i, (c, e) in enumerate(zip(_leaves(out_c), _leaves(out_e), strict=True)):
-        if tol is not None and e.is_floating_point():
-            torch.testing.assert_close(c, e, equal_nan=True, **tol)
-        else:
-            _assert_same(c, e, f"output {i}")
+        _assert_same(c, e, f"output {i}", tol)
     if not grad:
         return
     (value_e,), (value_c,) = _leaves(out_e)[:1], _leaves(out_c)[:1]
@@ -65,10 +67,7 @@ def _check(fn, x: torch.Tensor, dtype: torch.dtype, *, grad: bool, cotangent=Non
     if grad_expected is None:
         value_e.backward(cotangent)
         grad_expected = xe.grad
-    if tol is not None:
-        torch.testing.assert_close(xc.grad, grad_expected.to(dtype), equal_nan=True, **tol)
-    else:
-        _assert_same(xc.grad, grad_expected.to(dtype), "gradient")
+    _assert_same(xc.grad, grad_expected.to(dtype), "gradient", tol)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -190,3 +189,51 @@ def test_max_pool_signed_zeros(dtype, grad, request):
         request.applymarker(pytest.mark.xfail(strict=True, reason="float32 max pooling without gradients: a "
                                               "window of -0.0 and 0.0 gives the last zero (eager: the first)"))
     _check(lambda x: F.max_pool1d(x, 2, stride=1), ZEROS, dtype, grad=grad)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Adaptive average pooling: an inf or NaN stays in the windows that hold it, forward and backward. (The
+# windows were a product with a 0/1 matrix, in which the inf of one window times the 0 of another made NaN.)
+
+ROUNDING = {torch.float32: {"rtol": 1e-6, "atol": 0.0}, torch.float64: {"rtol": 1e-14, "atol": 0.0}}
+_SPECIALS = [INF, 1.0, 2.0, 3.0, -INF, 0.5, NAN, -2.0, 4.0, -0.0, 0.0, 1.5]
+
+
+def _specials(*shape: int) -> torch.Tensor:
+    count = torch.Size(shape).numel()
+    return torch.tensor([_SPECIALS[i % len(_SPECIALS)] for i in range(count)], dtype=torch.float64).reshape(shape)
+
+
+ADAPTIVE_AVG = {
+    # the differential test's repro
+    "2d, (1, 4) of 1x4": (lambda x: F.adaptive_avg_pool2d(x, (1, 4)), _x([INF, 1.0, 2.0, 3.0], (1, 1, 1, 4))),
+    "2d, 1x1": (lambda x: F.adaptive_avg_pool2d(x, 1), _specials(2, 3, 3, 4)),  # as mean()
+    "2d, windows that divide": (lambda x: F.adaptive_avg_pool2d(x, (2, 3)), _specials(1, 2, 4, 6)),
+    "2d, uneven windows": (lambda x: F.adaptive_avg_pool2d(x, (3, 4)), _specials(2, 2, 5, 7)),
+    "2d, uneven along one dim": (lambda x: F.adaptive_avg_pool2d(x, (3, 2)), _specials(1, 3, 5, 4)),
+    "2d, more cells than positions": (lambda x: F.adaptive_avg_pool2d(x, (5, 3)), _specials(1, 2, 3, 2)),
+    "2d, unbatched": (lambda x: F.adaptive_avg_pool2d(x, (2, 3)), _specials(3, 5, 5)),
+    "3d, uneven windows": (lambda x: F.adaptive_avg_pool3d(x, (2, 3, 2)), _specials(1, 2, 3, 4, 5)),
+    "3d, 1x1x1": (lambda x: F.adaptive_avg_pool3d(x, 1), _specials(2, 2, 2, 3, 2)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", list(ADAPTIVE_AVG))
+def test_adaptive_avg_pool_nonfinite(case, dtype):
+    fn, x = ADAPTIVE_AVG[case]
+    _check(fn, x, dtype, grad=False, tol=ROUNDING[dtype])
+    # Finite inputs (so that eager's gradient is defined everywhere), a non-finite cotangent.
+    finite = torch.where(torch.isfinite(x), x, 1.0)
+    shape = fn(finite).shape
+    _check(fn, finite, dtype, grad=True, cotangent=_specials(*shape), tol=ROUNDING[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("out", [(2, 2), (3, 3), (6, 5)], ids=str)
+def test_adaptive_avg_pool_zeros_are_positive(out, dtype):
+    # ATen's sums start from +0.0: a window (and a gradient) of -0.0 is +0.0. (Output 1x1 is left out: it
+    # reaches the lowering as mean(), whose ReduceMean keeps -0.0, a reduction's difference, not pooling's.)
+    x = torch.full((1, 2, 4, 4), -0.0, dtype=torch.float64)
+    fn = lambda x: F.adaptive_avg_pool2d(x, out)
+    _check(fn, x, dtype, grad=True, cotangent=torch.full((1, 2, *out), -0.0))
