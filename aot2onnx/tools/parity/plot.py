@@ -25,7 +25,7 @@ def error_plot(graph: GraphParity, width: int = 860, height: int = 280) -> str:
     (a line: what came before it included) and its own (dots: the same inputs on both sides). Past the dashed
     line at 1 is beyond tolerance; the first divergent node is marked and named."""
     nodes = graph.nodes
-    left, right, top_margin, bottom = 64, 16, 40, 42
+    left, right, top_margin, bottom = 64, 16, 50, 42
     plot_w, plot_h = width - left - right, height - top_margin - bottom
     finite = [r for n in nodes for s in (n.error, n.own) if s is not None for r in [s.ratio] if math.isfinite(r)]
     top = 10.0 ** max(1, math.ceil(math.log10(max([*finite, 1.0]) * 2)))
@@ -60,15 +60,31 @@ def error_plot(graph: GraphParity, width: int = 860, height: int = 280) -> str:
                  f'value, in graph order ({len(nodes)})</text>')
     parts.append(f'<text x="14" y="{top_margin + plot_h / 2:.1f}" text-anchor="middle" '
                  f'transform="rotate(-90 14 {top_margin + plot_h / 2:.1f})">error / tolerance</text>')
-    eager = [(x(i), y(n.error.ratio)) for i, n in enumerate(nodes) if n.error is not None]
-    if eager:
-        points = " ".join(f"{a:.1f},{b:.1f}" for a, b in eager)
-        parts.append(f'<polyline points="{points}" fill="none" stroke="{_EAGER}" stroke-width="1.5"/>')
+    # The error against eager as a line through the nodes that have one; a node equal to eager's (a transpose
+    # of a weight) breaks it, with a tick on the bottom line, so that the line follows what carries error.
+    segments: list[list[str]] = [[]]
+    for i, n in enumerate(nodes):
+        if n.error is None or n.error.ratio == 0:
+            if segments[-1]:
+                segments.append([])
+            if n.error is not None:
+                parts.append(f'<line x1="{x(i):.1f}" y1="{y(0) - 3:.1f}" x2="{x(i):.1f}" y2="{y(0):.1f}" '
+                             f'stroke="{_EAGER}"/>')
+            continue
+        segments[-1].append(f"{x(i):.1f},{y(n.error.ratio):.1f}")
+    for points in segments:
+        if len(points) == 1:
+            cx, cy = points[0].split(",")
+            parts.append(f'<circle cx="{cx}" cy="{cy}" r="1.5" fill="{_EAGER}"/>')
+        elif points:
+            parts.append(f'<polyline points="{" ".join(points)}" fill="none" stroke="{_EAGER}" stroke-width="1.5"/>')
     for i, n in enumerate(nodes):
         if n.own is not None:
             tip = html.escape(f"{n.fx_name} ({n.target}): own {n.own.ratio:.3g}, against eager "
                               f"{n.error.ratio if n.error else float('nan'):.3g}")
-            parts.append(f'<circle cx="{x(i):.1f}" cy="{y(n.own.ratio):.1f}" r="2.5" fill="{_OWN}"><title>{tip}</title></circle>')
+            colour = _LIMIT if n.divergent else _OWN
+            parts.append(f'<circle cx="{x(i):.1f}" cy="{y(n.own.ratio):.1f}" r="{3.5 if n.divergent else 2.5}" '
+                         f'fill="{colour}"><title>{tip}</title></circle>')
     first = graph.first_divergence
     if first is not None:
         i = nodes.index(first)
@@ -78,8 +94,9 @@ def error_plot(graph: GraphParity, width: int = 860, height: int = 280) -> str:
         parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="6" fill="none" stroke="{_LIMIT}" stroke-width="2"/>')
         parts.append(f'<text x="{cx + dx:.1f}" y="{max(cy - 8, top_margin + 12):.1f}" text-anchor="{anchor}" '
                      f'fill="{_LIMIT}">first divergent: {html.escape(first.target)} ({html.escape(first.fx_name)})</text>')
-    parts += _legend(left + plot_w - 250, 14, [("line", _EAGER, "against eager (carries upstream error)"),
-                                                  ("dot", _OWN, "own (same inputs on both sides)")])
+    parts += _legend(left + plot_w - 250, 12, [("line", _EAGER, "against eager (carries upstream error)"),
+                                                  ("dot", _OWN, "own (same inputs on both sides)"),
+                                                  ("dot", _LIMIT, "own, beyond tolerance: divergent")])
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -87,7 +104,7 @@ def error_plot(graph: GraphParity, width: int = 860, height: int = 280) -> str:
 def _legend(x0: float, y0: float, entries: Sequence[tuple[str, str, str]]) -> list[str]:
     parts = []
     for k, (shape, colour, label) in enumerate(entries):
-        yy = y0 + 14 * k
+        yy = y0 + 13 * k
         if shape == "line":
             parts.append(f'<line x1="{x0}" y1="{yy - 4}" x2="{x0 + 16}" y2="{yy - 4}" stroke="{colour}" stroke-width="2"/>')
         else:
