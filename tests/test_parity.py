@@ -13,6 +13,7 @@ import subprocess
 import sys
 import warnings
 
+import numpy as np
 import onnx_ir as ir
 import pytest
 import torch
@@ -22,6 +23,7 @@ from onnxscript import opset18 as op
 import aot2onnx
 import aot2onnx.parity
 from aot2onnx.testing import assert_parity
+from aot2onnx.tools.cli import main as cli_main
 
 aten = torch.ops.aten
 
@@ -285,6 +287,29 @@ def test_assert_parity_names_the_first_divergent_node():
     assert "differ from eager" in message  # the table as before, then where the runtimes part
     assert "first divergent node of the forward graphs: aten.gelu.default (FX node 'gelu'" in message
     assert _line(_GeluMLP.forward, "the gelu line") in message
+
+
+def test_the_command_line_writes_the_report(tmp_path, capsys):
+    (tmp_path / "models.py").write_text(
+        "import torch\n\n"
+        "def make():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))\n"
+    )
+    np.savez(tmp_path / "x.npz", np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32))
+    np.savez(tmp_path / "y.npz", np.array([0, 1, 2, 0, 1, 2]))
+    argv = ["parity", f"{tmp_path / 'models.py'}:make", "--example-inputs", str(tmp_path / "x.npz"),
+            "--loss", "cross_entropy", "--targets", str(tmp_path / "y.npz"), "--out", str(tmp_path / "ok")]
+    assert cli_main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "[1/4] eager step" in err and "[4/4] parity ok" in err and "node by node" in err
+    assert out.startswith("parity ok") and (tmp_path / "ok" / "report.html").exists()
+
+    aot2onnx.register_lowering(aten.gelu.default)(_gelu_off)
+    assert cli_main([*argv[:-1], str(tmp_path / "faulty")]) == 1
+    out, _ = capsys.readouterr()
+    assert "first divergent node of the forward graphs: aten.gelu.default" in out
+    assert (tmp_path / "faulty" / "repro_forward" / "repro.py").exists()
+    assert cli_main(["parity", "nowhere.py:make", "--example-inputs", "x.npz", "--out", "o"]) == 2
 
 
 class _LossModel(torch.nn.Module):
