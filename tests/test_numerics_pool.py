@@ -237,3 +237,28 @@ def test_adaptive_avg_pool_zeros_are_positive(out, dtype):
     x = torch.full((1, 2, 4, 4), -0.0, dtype=torch.float64)
     fn = lambda x: F.adaptive_avg_pool2d(x, out)
     _check(fn, x, dtype, grad=True, cotangent=torch.full((1, 2, *out), -0.0))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Replication padding's backward, which sums the gradient of every copy of an edge, had the same product
+# with a 0/1 matrix: an inf in one output's gradient made NaN of every input's.
+
+REPLICATION_PADS = {
+    "1d": ((2, 3, 5), (2, 3)),
+    "1d, cropped on the left": ((1, 2, 5), (-1, 2)),
+    "2d": ((1, 2, 4, 5), (1, 2, 3, 0)),
+    "2d, cropped": ((2, 1, 5, 4), (2, -1, -1, 1)),
+    "2d, unbatched": ((2, 3, 3), (1, 1, 1, 1)),
+    "3d": ((1, 1, 3, 2, 4), (1, 0, 2, 1, 0, 1)),
+    "3d, one position": ((1, 2, 1, 1, 1), (2, 1, 1, 2, 0, 1)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", list(REPLICATION_PADS))
+def test_replication_pad_backward_nonfinite(case, dtype):
+    shape, pad = REPLICATION_PADS[case]
+    fn = lambda x: F.pad(x, pad, mode="replicate")
+    x = torch.arange(torch.Size(shape).numel(), dtype=torch.float64).reshape(shape) / 4 - 1
+    _check(fn, x, dtype, grad=True, cotangent=_specials(*fn(x).shape), tol=ROUNDING[dtype])
+    _check(fn, x, dtype, grad=True, cotangent=torch.full(fn(x).shape, -0.0))  # eager adds to zeros: 0.0
