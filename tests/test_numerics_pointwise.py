@@ -192,6 +192,11 @@ def test_masked_fill_keeps_negative_zero(dtype):
     _check(lambda x: x.masked_fill(x.isnan(), 0.0), x, dtype=dtype)
     _check(lambda x: x.masked_fill(x == 0, 4.0), x, dtype=dtype)
     _check(lambda x: x.masked_fill(x.isinf(), torch.tensor(-0.0, dtype=dtype)), x, dtype=dtype)
+    # A condition that is Not(...) in ONNX, read by that Where alone (without gradients: no backward graph
+    # reads it too): ONNX Runtime's NotWhereFusion swapped Where's operands back.
+    _check(lambda x: x.masked_fill(x != x, -0.7), x, dtype=dtype, grad=False)
+    _check(lambda x: torch.where(x != x, 1.0, x), x, dtype=dtype, grad=False)
+    _check(lambda x: torch.where(~(x > 1), x, 2.0), x, dtype=dtype, grad=False)
 
 
 @pytest.mark.parametrize("value", [0.1, 1e-310, 1 / 3, -1e300, 2.0**-1074])

@@ -61,10 +61,28 @@ def aten_sign(self):
 # (maximum(-x, x) of zeros(4) was 0.0, of zeros(7) 0.0 four times and -0.0 three times).
 
 
+# ONNX Runtime's NotWhereFusion rewrites Where(Not(c), a, b) as Where(c, b, a), which puts first the operand
+# that may hold -0.0 (masked_fill(x != x, -0.7) of -0.0 was 0.0: ne is Not(Equal)). A Where here never reads a
+# Not: its input negated with Xor instead.
+
+
+def _not_input(condition):
+    producer = condition.producer()
+    if producer is not None and producer.op_type == "Not" and producer.domain in ("", "ai.onnx"):
+        return producer.inputs[0]
+    return None
+
+
 def _negation(condition):
-    # Xor with true, not Not: ONNX Runtime's NotWhereFusion rewrites Where(Not(c), a, b) as Where(c, b, a),
-    # which would put back first the operand that may hold -0.0.
+    negated = _not_input(condition)
+    if negated is not None:
+        return _condition(negated)
     return op.Xor(condition, op.Constant(value=ir.tensor(True)))
+
+
+def _condition(condition):
+    negated = _not_input(condition)
+    return condition if negated is None else op.Xor(negated, op.Constant(value=ir.tensor(True)))
 
 
 def _constant(value) -> np.ndarray | None:
@@ -86,13 +104,13 @@ def _may_hold_negative_zero(value) -> bool:
 def select(condition, x, y):
     """``Where(condition, x, y)``, keeping the sign of every zero it selects."""
     if not _may_hold_negative_zero(x):
-        return op.Where(condition, x, y)
+        return op.Where(_condition(condition), x, y)
     if not _may_hold_negative_zero(y):
         return op.Where(_negation(condition), y, x)
     # Each operand where the other is selected is -inf (taken from Where's first operand: not a zero), which
     # Max returns the other operand over exactly, NaN and -inf included.
     lowest = op.CastLike(float("-inf"), x)
-    return op.Max(op.Where(_negation(condition), lowest, x), op.Where(condition, lowest, y))
+    return op.Max(op.Where(_negation(condition), lowest, x), op.Where(_condition(condition), lowest, y))
 
 
 def _scalar_like(value, like):
