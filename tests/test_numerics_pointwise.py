@@ -233,6 +233,10 @@ def test_clamp_keeps_self_on_a_tie(size, dtype):
     _check(lambda x: (torch.clamp(x, min=-0.0), torch.clamp(x, max=0.0), torch.clamp(-x, min=0.0),
                       torch.clamp(-x, max=-0.0), torch.clamp(x, -0.0, 0.0), torch.clamp(x, min=0.5),
                       torch.clamp(x, max=-0.5)), x, dtype=dtype)
+    # ONNX Runtime's ReluClipFusion dropped the Relu before a Clip with min -0.0: relu(-1) then clamp(min=-0.0)
+    # gave -0.0, eager 0.0 (without gradients: the backward graph does not read the Relu's output then).
+    _check(lambda x: torch.clamp(torch.relu(x - 1.0), min=-0.0), x, dtype=dtype, grad=False)
+    _check(lambda x: torch.clamp(torch.relu(x - 1.0), -0.0, 0.5), x, dtype=dtype, grad=False)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -113,11 +113,15 @@ def select(condition, x, y):
     return op.Max(op.Where(_negation(condition), lowest, x), op.Where(_condition(condition), lowest, y))
 
 
-def _scalar_like(value, like):
-    # In like's dtype from the start: a Python float through CastLike is made a float32 constant first.
+def _scalar(value, dtype: ir.DataType):
+    # In the tensor's dtype from the start: a Python float through CastLike is made a float32 constant first.
     if isinstance(value, ir.Value):  # a symbolic scalar
-        return op.CastLike(value, like)
-    return op.Constant(value=ir.tensor(np.array(value, dtype=like.dtype.numpy())))
+        return op.Cast(value, to=dtype)
+    return op.Constant(value=ir.tensor(np.array(value, dtype=dtype.numpy())))
+
+
+def _scalar_like(value, like):
+    return _scalar(value, like.dtype)
 
 
 @project_rule(aten.where.self)
@@ -170,18 +174,26 @@ def _clamp(self, low, high):
     if any(isinstance(bound, float) and math.isnan(bound) for bound in (low, high)):
         # Every element is NaN in ATen; ONNX Runtime's float32 Clip ignores a NaN bound.
         return op.Expand(op.CastLike(float("nan"), self), op.Shape(self))
-    if self.dtype not in _FLOATS:
+    dtype = self.dtype
+    if dtype not in _FLOATS:
         if low is not None:
             self = op.Max(self, op.CastLike(low, self))
         if high is not None:
             self = op.Min(self, op.CastLike(high, self))
         return self
+    if isinstance(low, float) and low == 0 and math.copysign(1.0, low) < 0:
+        # ONNX Runtime's ReluClipFusion drops a Relu before a Clip whose min is >= 0, and -0.0 is: relu(-1)
+        # then clamp(min=-0.0) gave -0.0 (eager relu(-1) is 0.0, and clamp keeps it). Max is not fused.
+        self = _extremum(op.Max, float("-inf"), self, _scalar(low, dtype), dtype)
+        if high is None:
+            return self
+        low = None
     # ONNX Runtime's Clip stands in the dtype's largest finite value for a missing bound (clamp(min=0) of
     # inf gave 3.4e38); with that bound infinite it is exact: x on a tie (clamp(-0.0, min=0.0) is -0.0, as in
     # ATen), NaN for NaN.
     low = float("-inf") if low is None else low
     high = float("inf") if high is None else high
-    return op.Clip(self, _scalar_like(low, self), _scalar_like(high, self))
+    return op.Clip(self, _scalar(low, dtype), _scalar(high, dtype))
 
 
 @project_rule(aten.clamp.default)
