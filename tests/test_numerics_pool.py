@@ -240,6 +240,32 @@ def test_adaptive_avg_pool_zeros_are_positive(out, dtype):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Adaptive max pooling: a region of only -inf (its index was the plane's first position, which the region may
+# not hold, and the gradient went there), and -0.0 before 0.0 (eager keeps the first maximum).
+
+ADAPTIVE_MAX = {
+    "2d, regions of -inf": (lambda x: F.adaptive_max_pool2d(x, (2, 1), return_indices=True),
+                            _x([1.0, -INF, -INF, 2.0, -INF, -INF], (1, 2, 3, 1))),
+    "2d, -inf, NaN, zeros": (lambda x: F.adaptive_max_pool2d(x, (2, 3), return_indices=True),
+                             _x([-INF, -INF, NAN, 0.0, -0.0, -INF, -INF, -0.0, 0.0, 1.0, -INF, -INF, -0.0, -INF,
+                                 -INF], (1, 3, 5))),
+    "2d, signed zeros": (lambda x: F.adaptive_max_pool2d(x, (1, 2), return_indices=True),
+                         _x([-0.0, 0.0, 0.0, -0.0], (1, 1, 1, 4))),
+    "3d": (lambda x: F.adaptive_max_pool3d(x, (1, 2, 2), return_indices=True),
+           _x([-INF] * 6 + [-0.0, 0.0] + [-INF] * 4 + [0.0, -0.0, 3.0, -INF], (1, 1, 2, 2, 4))),
+}
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", list(ADAPTIVE_MAX))
+def test_adaptive_max_pool_neg_inf_and_zeros(case, dtype, grad):
+    fn, x = ADAPTIVE_MAX[case]
+    _check(fn, x, dtype, grad=grad)
+    _check(lambda x: fn(x)[0], x, dtype, grad=grad)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Replication padding's backward, which sums the gradient of every copy of an edge, had the same product
 # with a 0/1 matrix: an inf in one output's gradient made NaN of every input's.
 

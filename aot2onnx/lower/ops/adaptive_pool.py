@@ -224,8 +224,14 @@ def _adaptive_max(self, output_size: Sequence[int]):
         fill = op.ReduceMin(self, keepdims=0)
     candidates = op.Where(mask, flat, fill)  # [..., cells, positions]
     last = op.Constant(value_ints=[-1])
-    values = op.ReduceMax(candidates, last, keepdims=0)
     indices = op.ArgMax(candidates, axis=-1, keepdims=0)  # the first maximum, as ATen's row-major scan
+    if self.dtype in _FLOATS:
+        # A region of only -inf ties with the fill outside it; ATen's index is then the region's first.
+        best = op.Squeeze(op.GatherElements(candidates, op.Unsqueeze(indices, last), axis=-1), last)
+        first = op.Constant(value=ir.tensor(membership.argmax(axis=1).astype(np.int64)))
+        indices = op.Where(op.Equal(best, fill), first, indices)
+    # The value at that index, not ReduceMax's: of -0.0 and 0.0 in a region that may give either, ATen the first.
+    values = op.GatherElements(_planes(self, spatial), indices, axis=-1)
     if self.dtype in _FLOATS:
         # A NaN wins its region (ATen keeps the last NaN it meets).
         nans = op.And(mask, op.IsNaN(flat))
