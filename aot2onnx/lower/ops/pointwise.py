@@ -207,7 +207,7 @@ def aten_clamp_tensor(self, min=None, max=None):
     """clamp.Tensor(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor"""
     # Also clamp with a Python bound in a float64 graph: the exporter's type promotion makes the bound a
     # float64 scalar_tensor. NaN in a bound is NaN, as in ATen (Max and Min propagate it).
-    dtype = self.dtype  # (the Max's output has none yet)
+    dtype = self.dtype  # (the values a rule makes have no dtype yet)
     if min is not None:
         self = _extremum(op.Max, float("-inf"), self, min, dtype)
     if max is not None:
@@ -263,9 +263,9 @@ def aten_hardtanh_backward(grad_output, self, min_val, max_val):
 # sigmoid and the ops built on it, computed as ATen's CPU kernels compute them (1 / (1 + exp(-x)), in the
 # input's dtype; float32 for 16-bit floats). ONNX Runtime's Sigmoid (MLAS's rational approximation) is
 # accurate in absolute terms only: float32 sigmoid(-17) was 8.9e-8 (eager 4.1e-8) and 0 below -18.5, float64
-# 0 below -36.7 and hundreds of ULPs off at -7. Its Exp is within an ULP of eager's, and 1 / (1 + e) adds
-# one rounding to each of two, so the tail keeps its relative accuracy down to where exp(-x) overflows, as
-# eager's does.
+# 0 below -36.7 and hundreds of ULPs off at -7. ONNX Runtime's Exp is within an ULP of eager's, and the
+# addition and the division round once each, so the tail keeps its relative accuracy down to where exp(-x)
+# overflows, as eager's does.
 
 _HALVES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
