@@ -1,10 +1,11 @@
 """Pooling at the values where runtimes differ: -inf, NaN, +inf and -0.0, padding that covers a whole window,
 ceil-mode overhangs and dilations, against eager PyTorch, outputs (indices too) and gradients, bit for bit
-(the sign of zero included) in float32 and float64.
+(the sign of zero included; sums within rounding) in float32 and float64, with no node run in PyTorch.
 
 ONNX Runtime's MaxPool starts each window at the most negative finite number, not -inf, and its kernel
 without indices (used where no node reads them) also breaks ties between -0.0 and 0.0 its own way.
-Adaptive average pooling must keep a non-finite element inside its own windows.
+Adaptive average pooling and replication padding's backward must keep a non-finite element inside its own
+windows; adaptive max pooling must index a region of only -inf inside the region.
 """
 
 from __future__ import annotations
@@ -175,9 +176,10 @@ def test_max_pool_nan_beside_neg_inf(case, dtype, grad):
 # ---------------------------------------------------------------------------------------------------------
 # Max pooling: -0.0 and 0.0 in one window. Eager keeps the first maximum. So does ONNX Runtime's MaxPool
 # with indices (read where gradients are wanted) and its float64 kernel; its float32 kernel without indices
-# keeps the last. Matching that exactly costs a pass over the input on every call (a Reciprocal and a
-# ReduceMin to find a -0.0: +50% on max_pool2d(k=3, s=2, p=1) of [32, 64, 112, 112] without gradients), or
-# the kernel with indices (12x slower): a documented difference instead.
+# keeps the last (on x86, its vector max returns the second of two equal operands). Matching eager there
+# costs a pass over the input on every call (a Reciprocal and a ReduceMin to find a -0.0: +50% on
+# max_pool2d(k=3, s=2, p=1) of [32, 64, 112, 112] without gradients), or the kernel with indices (12x
+# slower): a documented difference instead.
 
 ZEROS = _x([-0.0, 0.0, 0.0, -0.0, -1.0, -0.0], (1, 1, 6))
 
