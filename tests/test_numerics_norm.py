@@ -45,14 +45,14 @@ def _assert_matches(name: str, actual: torch.Tensor, expected: torch.Tensor, ulp
 
 
 def _check(fn, *inputs: torch.Tensor, dtype: torch.dtype, ulps: float = 4, grad: bool = True,
-           grad_shared: float = 16) -> None:
+           grad_shared: float = 16, dynamic: bool | None = None) -> None:
     """``fn`` eagerly and through ``torch.compile(backend="aot2onnx")`` on equal copies of ``inputs`` (cast to
     ``dtype``): every output and, with ``grad``, the gradient of every input under the same cotangents (within
     ``ulps`` and ``grad_shared`` epsilons of the gradient's largest element: backward passes sum across
     elements, in an order of their own)."""
     eager_in = [x.detach().to(dtype, copy=True).requires_grad_(grad) for x in inputs]
     comp_in = [x.detach().to(dtype, copy=True).requires_grad_(grad) for x in inputs]
-    out_e, out_c = fn(*eager_in), torch.compile(fn, backend="aot2onnx")(*comp_in)
+    out_e, out_c = fn(*eager_in), torch.compile(fn, backend="aot2onnx", dynamic=dynamic)(*comp_in)
     outs_e, outs_c = torch.utils._pytree.tree_leaves(out_e), torch.utils._pytree.tree_leaves(out_c)
     assert len(outs_e) == len(outs_c)
     for i, (c, e) in enumerate(zip(outs_c, outs_e)):
@@ -129,6 +129,85 @@ def test_mean_over_an_axis_that_is_empty_at_run_time_is_nan(dtype):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# layer and group norm of rows whose mean squared overflows: NaN, as ATen's Welford moments give
+
+
+def _layer_norm(x, w, b):
+    return torch.ops.aten.native_layer_norm(x, [x.shape[-1]], w, b, 1e-5)  # output, mean, rstd
+
+
+def _group_norm(x, w, b):
+    # Output and rstd: the mean of a group of -3e38 is -3e38 in eager's running mean, -inf in a float32 sum.
+    n, c = x.shape[0], x.shape[1]
+    out, _, rstd = torch.ops.aten.native_group_norm(x, w, b, n, c, x[0, 0].numel(), 2, 1e-5)
+    return out, rstd
+
+
+# Rows shorter than a vector (8 floats with AVX2): a mean past 2**64 is NaN in eager (the first three), a
+# variance past float32's range alone is not (the bias: the next two), an ordinary row is a number.
+OVERFLOW_ROWS = torch.tensor([[1e30, 1.0, 2.0, 3.0], [-3e38, -3e38, -3e38, -3e38], [1e25, -1e20, 0.0, 7.0],
+                              [2e19, -2e19, 0.0, 0.0], [1e30, 0.0, 0.0, -1e30], [1e19, 1.0, 2.0, 3.0],
+                              [0.5, -1.0, 2.0, 0.25]])
+
+
+@pytest.mark.parametrize("affine", [False, True], ids=["plain", "affine"])
+@pytest.mark.parametrize("norm", [_layer_norm, _group_norm], ids=["layer_norm", "group_norm"])
+def test_rows_whose_mean_squared_overflows_are_nan_as_in_eager(norm, affine):
+    x = OVERFLOW_ROWS if norm is _layer_norm else OVERFLOW_ROWS.reshape(7, 2, 2, 1)
+    w = torch.tensor([1.5, -2.0, 0.5, 3.0][: x.shape[1]]) if affine else None
+    b = torch.tensor([0.25, 1.0, -0.5, 2.0][: x.shape[1]]) if affine else None
+    _check(norm, x, *([w, b] if affine else []), dtype=torch.float32, ulps=16, grad=False) if affine else _check(
+        lambda x: norm(x, None, None), x, dtype=torch.float32, ulps=16, grad=False)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("norm", ["layer_norm", "group_norm"])
+def test_rows_longer_than_a_vector_are_nan_where_eager_s_are(norm, dynamic):
+    """A row a whole number of vectors long is NaN where its first lane's mean squared overflows, one with a
+    scalar tail never (the bias): in eager [1e30, 1, ...] of 16 floats is NaN and [1, 1e30, 1, ...] the bias;
+    of 9 or 17 floats both are the bias (with AVX2's 8-float vectors, and AVX-512's 16). With symbolic sizes
+    the rule is chosen at run time."""
+    rows = []
+    for n in (9, 16, 17, 32):
+        for position in (0, 1, 8):
+            row = [0.5] * 64
+            row[position] = 1e30
+            rows.append(row[:n])
+    for row in rows:
+        x = torch.tensor([row, [0.25] * len(row)])
+        if norm == "layer_norm":
+            _check(lambda x: _layer_norm(x, None, None), x, dtype=torch.float32, ulps=16, grad=False, dynamic=dynamic)
+        else:
+            _check(lambda x: _group_norm(x.reshape(1, 2, -1), None, None), x, dtype=torch.float32, ulps=16,
+                   grad=False, dynamic=dynamic)
+
+
+def test_float64_rows_whose_mean_squared_overflows_are_nan_as_in_eager():
+    """The same in double, past 1.3e154 (rows shorter than 4 doubles)."""
+    x = torch.tensor([[1e160, 1.0, 2.0], [1e100, -1e100, 0.0], [1.0, 2.0, 4.0]], dtype=torch.float64)
+    _check(lambda x: _layer_norm(x, None, None), x, dtype=torch.float64, ulps=16, grad=False)
+    _check(lambda x: torch.ops.aten.native_group_norm(x, None, None, 3, 3, 1, 1, 1e-5)[::2], x,
+           dtype=torch.float64, ulps=16, grad=False)
+
+
+def test_layer_norm_gradients_of_ordinary_rows_beside_an_overflowing_one():
+    """The overflowing row's gradients are NaN (its saved rstd is); the other rows' are eager's."""
+    x = torch.tensor([[1e30, 1.0, 2.0, 3.0], [0.5, -1.0, 2.0, 0.25], [1.0, 2.0, 3.0, 5.0]])
+    _check(lambda x, w, b: F.layer_norm(x, (4,), w, b), x, torch.tensor([1.5, -2.0, 0.5, 3.0]),
+           torch.tensor([0.25, 1.0, -0.5, 2.0]), dtype=torch.float32, ulps=16)
+
+
+@pytest.mark.parametrize("weight", [[INF, 1.0], [3e38, 1.0], [1.0, -INF]], ids=["inf", "huge", "-inf"])
+def test_group_norm_with_weights_whose_scale_overflows_follows_eager(weight):
+    """ATen folds the affine map into scale = rstd * w and shift = b - scale * mean: where those are not finite
+    (an infinite weight, rstd * 3e38), the infinities and NaN are those of its order of operations."""
+    x = torch.tensor([[[1.0, -0.5, 0.25]], [[0.0, -1.0, -1.0]]]).expand(2, 2, 3).contiguous()
+    w = torch.tensor(weight)
+    b = torch.tensor([3e38, -2.0])
+    _check(lambda x, w, b: F.group_norm(x, 1, w, b), x, w, b, dtype=torch.float32, ulps=16, grad=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # float64: eps and momentum as float64 constants, batch norm on ONNX Runtime
 
 
@@ -138,7 +217,8 @@ def test_float64_norms_add_eps_in_float64(eps):
     x = torch.tensor([[1.0, 2.0, 4.0, 7.0], [0.5, 0.25, -1.0, 3.0]])
 
     def fn(x):
-        return F.layer_norm(x, (4,), eps=eps), F.batch_norm(x, None, None, training=True, eps=eps)
+        return (F.layer_norm(x, (4,), eps=eps), F.group_norm(x.reshape(2, 4, 1), 2, eps=eps),
+                F.batch_norm(x, None, None, training=True, eps=eps))
 
     _check(fn, x, dtype=torch.float64, ulps=8)
     running = torch.tensor([0.5, -1.0, 0.0, 2.0]), torch.tensor([0.3, 1.0, 0.1, 2.5])

@@ -1,4 +1,4 @@
-"""Normalization: batch norm in training mode, layer norm in double.
+"""Normalization: batch norm in training mode, layer and group norm as ATen computes them.
 
 torch_lib lowers ``_native_batch_norm_legit_functional`` with inference semantics whatever ``training``
 says (it normalizes with the running statistics and returns them unchanged), which is wrong for training.
@@ -7,6 +7,18 @@ These rules compute the batch statistics and the running-statistics update as AT
 Constants (eps, momentum) are made in the input's dtype: a Python float through ``CastLike`` goes through
 float32, and ONNX's ``epsilon`` attributes are float32, so a float64 model would add eps rounded to float32
 (``layer_norm(eps=0.1)`` was 2e-9 relative off). Float64 batch norm adds eps to the variance itself.
+
+Layer and group norm rows are NaN where ATen's CPU kernel makes them NaN. Its Welford moments
+(``RowwiseMoments``) fold the partial moments of the vector lanes (and of the scalar tail) together with a term
+``delta * delta * c * m0`` that is ``inf * 0`` when a partial mean squared overflows against a count of 0: for a
+row shorter than one vector (8 floats, 4 doubles with AVX2; twice that with AVX-512), when its mean squared
+overflows; for a row a whole number of vectors long, when the mean of its first lane (elements 0, W, 2W, ...)
+squared does; otherwise never (a variance past the range gives rstd 0 and the bias). ``layer_norm([1e30, 1, 2,
+3])`` is NaN, ``layer_norm([2e19, -2e19, 0, 0])`` the bias. The vector width is the lowering machine's
+(``torch.backends.cpu.get_cpu_capability()``). Eager's mean is Welford's running mean, whose rounding leaves a
+residue where huge values cancel (3.8e22 for ``[-1e30, 0.84, 1e30]``, a NaN row in eager); aot2onnx's is the
+sum's (0.28, a number): that difference is left. Batch norm is left as it is: eager's contiguous kernel gives the bias there (rstd 0), as
+BatchNormalization does (its kernel for other layouts computes in double and gives the exact value).
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
+from aot2onnx.lower.ops._control import cond
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -43,6 +56,56 @@ def _cast(value, dtype: ir.DataType):
 def _per_channel(value, rank: int):
     """Reshapes a (C,) value to broadcast against an (N, C, *spatial) input."""
     return op.Reshape(value, op.Constant(value_ints=[1, -1] + [1] * (rank - 2)))
+
+
+def _vector_width(dtype: ir.DataType) -> int:
+    """How many elements of ``dtype`` one of ATen's CPU vectors holds (``Vectorized<T>::size()``)."""
+    width = 64 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 32
+    return width // (8 if dtype == ir.DataType.DOUBLE else 4)
+
+
+def _squared_overflows(mean):
+    return op.IsInf(op.Mul(mean, mean))
+
+
+def _can_be_nan(n, dtype: ir.DataType) -> bool:
+    """Whether ATen's Welford moments can be NaN for rows of ``n`` finite elements (module docstring)."""
+    width = _vector_width(dtype)
+    return not isinstance(n, int) or n < width or n % width == 0
+
+
+def _welford_nan(rows, n, mean, dtype: ir.DataType):
+    """Where ATen's Welford moments are NaN, shaped like ``mean`` (where ``_can_be_nan``). ``rows``: the input
+    (of ``dtype``) with each row's ``n`` elements along its last axis (``n`` an int, or None where symbolic);
+    ``mean``: their means."""
+    width = _vector_width(dtype)
+    short = _squared_overflows(mean)
+    if isinstance(n, int) and n < width:
+        return short
+    lane = op.Slice(rows, op.Constant(value_ints=[0]), op.Constant(value_ints=[2**62]), op.Constant(value_ints=[-1]),
+                    op.Constant(value_ints=[width]))
+    first_lane = op.Reshape(_squared_overflows(op.ReduceMean(lane, op.Constant(value_ints=[-1]), keepdims=1)),
+                            op.Shape(mean))
+    if isinstance(n, int):
+        return first_lane
+    # A symbolic row length: which rule applies is decided at run time.
+    length, vector = op.Shape(rows, start=-1), op.Constant(value_ints=[width])
+    is_short = op.Less(length, vector)
+    whole = op.And(op.Not(is_short), op.Equal(op.Mod(length, vector), op.Constant(value_ints=[0])))
+    return op.Or(op.And(is_short, short), op.And(whole, first_lane))
+
+
+def _rows(input, k: int):
+    """``input`` with its last ``k`` axes as one, and that axis's size (an int where static)."""
+    shape = list(input.shape)
+    n = int(np.prod(shape[-k:], dtype=np.int64)) if all(isinstance(d, int) for d in shape[-k:]) else None
+    if k == 1:
+        return input, shape[-1]
+    if n is None:
+        return op.Reshape(input, op.Concat(op.Shape(input, end=-k), op.Constant(value_ints=[-1]), axis=0)), None
+    rows = op.Reshape(input, op.Concat(op.Shape(input, end=-k), op.Constant(value_ints=[n]), axis=0), allowzero=1)
+    rows.dtype = input.dtype
+    return rows, n
 
 
 def _batch_norm_training(input, weight, bias, eps: float):
@@ -156,11 +219,38 @@ def aten__native_batch_norm_legit_no_training(
     return out, empty, op.Identity(empty)
 
 
+def _layer_normalization(input, normalized_shape: Sequence[int], weight, bias, eps: float):
+    """ONNX Runtime's LayerNormalization, with NaN in the rows where ATen's are NaN (module docstring).
+
+    Only a row holding an element of magnitude 2**64 or more can be one, and then the input's sum of squares
+    is inf (NaN with a NaN in it): one read of the input decides whether to run the rare case, inside an If
+    whose branches each run the LayerNormalization (a branch that returned a value computed outside the If
+    would copy it). On 64 x 512 x 768, one thread: 24 against 20 ms of CPU for the unguarded op, where a guard
+    after the op (a copy) took 30 and a Where on every element 36."""
+    rows, n = _rows(input, len(normalized_shape))
+    if input.dtype != ir.DataType.FLOAT or not _can_be_nan(n, input.dtype):
+        return torchlib_core.aten_native_layer_norm(input, normalized_shape, weight, bias, eps)
+
+    def normalized(poison: bool):
+        out, mean, rstd = torchlib_core.aten_native_layer_norm(input, normalized_shape, weight, bias, eps)
+        if poison:
+            nan = _welford_nan(rows, n, mean, input.dtype)
+            out = op.Where(nan, _scalar(float("nan"), input), out)
+            rstd = op.Where(nan, _scalar(float("nan"), rstd), rstd)
+        # LayerNormalization's statistics are float32 (its stash_type).
+        out.dtype, mean.dtype, rstd.dtype = input.dtype, ir.DataType.FLOAT, ir.DataType.FLOAT
+        return [out, mean, rstd]
+
+    squares = op.ReduceSumSquare(input, keepdims=0)
+    suspect = op.Not(op.Less(squares, _scalar(float("inf"), squares)))  # inf or NaN
+    return tuple(cond(suspect, lambda: normalized(True), lambda: normalized(False)))
+
+
 @project_rule(aten.native_layer_norm.default)
 def aten_native_layer_norm(input, normalized_shape: Sequence[int], weight=None, bias=None, eps: float = 1e-05):
     """native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)"""
     if input.dtype != ir.DataType.DOUBLE:
-        return torchlib_core.aten_native_layer_norm(input, normalized_shape, weight, bias, eps)
+        return _layer_normalization(input, normalized_shape, weight, bias, eps)
     # ONNX Runtime's LayerNormalization keeps its mean and inverse std in float whatever the input; torch
     # keeps them in double for a double input, and the backward graph reads them. Spelled out in double.
     axes = op.Constant(value_ints=list(range(-len(normalized_shape), 0)))
@@ -168,9 +258,92 @@ def aten_native_layer_norm(input, normalized_shape: Sequence[int], weight=None, 
     centered = op.Sub(input, mean)
     var = op.ReduceMean(op.Mul(centered, centered), axes, keepdims=1)
     rstd = op.Reciprocal(op.Sqrt(op.Add(var, _scalar(eps, input))))
+    rows, n = _rows(input, len(normalized_shape))
+    if _can_be_nan(n, input.dtype):
+        rstd = op.Where(_welford_nan(rows, n, mean, input.dtype), _scalar(float("nan"), input), rstd)  # (..., 1): cheap
     out = op.Mul(centered, rstd)
     if weight is not None:
         out = op.Mul(out, weight)
     if bias is not None:
         out = op.Add(out, bias)
+    return out, mean, rstd
+
+
+def _group_affine(x, centered, mean, rstd, weight, bias, group: int):
+    """The normalized output of a group norm with an affine map: ``centered * (rstd * w) + b`` per (sample,
+    channel), ``centered`` being x - mean in x's shape.
+
+    ATen's CPU kernel folds the map into ``y = fma(scale, x, shift)`` with ``scale = rstd * w`` and ``shift =
+    fma(-scale, mean, b)``, which cancels (a group of variance 0 comes out a few thousandths off the bias);
+    aot2onnx does not. Where that scale or shift is not finite (an infinite weight, or rstd * w past float32's
+    range) the two orders give different infinities and NaN, so there, in an If's rare branch, eager's order is
+    followed, its fused multiply-adds in double. Each branch computes the whole output (an If branch that
+    returned a value computed outside it would copy it)."""
+    rank = len(x.shape)
+    zero = _scalar(0.0, x)
+    samples, channels = op.Shape(x, start=0, end=1), op.Shape(x, start=1, end=2)
+    by_group = op.Concat(samples, op.Constant(value_ints=[group]), op.Div(channels, op.Constant(value_ints=[group])),
+                         axis=0)
+    by_channel = op.Concat(samples, channels, *([op.Constant(value_ints=[1] * (rank - 2))] if rank > 2 else []), axis=0)
+    rstd_c = op.Reshape(op.Expand(rstd, by_group), by_channel)  # (N, C, 1, ...)
+    mean_c = op.Reshape(op.Expand(mean, by_group), by_channel)
+    scale = op.Mul(rstd_c, _per_channel(weight, rank)) if weight is not None else rstd_c
+    b = _per_channel(bias, rank) if bias is not None else zero
+    wide = ir.DataType.DOUBLE
+    shift = op.CastLike(op.Sub(op.Cast(b, to=wide), op.Mul(op.Cast(scale, to=wide), op.Cast(mean_c, to=wide))), x)
+    odd = op.Or(op.Not(op.Equal(op.Sub(scale, scale), zero)), op.Not(op.Equal(op.Sub(shift, shift), zero)))
+    any_odd = op.Cast(op.ReduceMax(op.Cast(odd, to=ir.DataType.UINT8), keepdims=0), to=ir.DataType.BOOL)
+
+    def exact():
+        out = op.Mul(centered, scale)
+        out = op.Add(out, b) if bias is not None else out
+        out.dtype = x.dtype
+        return out
+
+    def eager_order():
+        fused = op.CastLike(op.Add(op.Mul(op.Cast(x, to=wide), op.Cast(scale, to=wide)), op.Cast(shift, to=wide)), x)
+        result = op.Where(odd, fused, exact())
+        result.dtype = x.dtype
+        return [result]
+
+    return cond(any_odd, eager_order, lambda: [exact()])[0]
+
+
+@project_rule(aten.native_group_norm.default)
+def aten_native_group_norm(input, weight=None, bias=None, N=None, C=None, HxW=None, group: int = 1,
+                           eps: float = 1e-05):
+    """native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, float eps) -> (Tensor, Tensor, Tensor)"""
+    # torch_lib's rule normalizes with InstanceNormalization (no float64 kernel in ONNX Runtime, a float32
+    # epsilon) and computes the statistics a second time for the outputs; here once, in the input's dtype
+    # (float32 for half types, as ATen's opmath), with NaN where the group's mean squared overflows.
+    given = input
+    if input.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
+        input = _cast(input, ir.DataType.FLOAT)
+        weight, bias = (v if v is None else _cast(v, ir.DataType.FLOAT) for v in (weight, bias))
+    shape = given.shape
+    if all(isinstance(d, int) for d in shape):
+        per_group = int(np.prod(shape[1:], dtype=np.int64)) // group
+        grouped_shape = op.Constant(value_ints=[shape[0], group, per_group])
+    else:
+        per_group = op.Mul(op.Div(op.Shape(input, start=1, end=2), op.Constant(value_ints=[group])),
+                           op.ReduceProd(op.Shape(input, start=2), keepdims=1))
+        grouped_shape = op.Concat(op.Shape(input, start=0, end=1), op.Constant(value_ints=[group]), per_group, axis=0)
+    grouped = op.Reshape(input, grouped_shape, allowzero=1)
+    axes = op.Constant(value_ints=[2])
+    mean = op.ReduceMean(grouped, axes, keepdims=1)
+    centered = op.Sub(grouped, mean)
+    var = op.ReduceMean(op.Mul(centered, centered), axes, keepdims=1)
+    rstd = op.Reciprocal(op.Sqrt(op.Add(var, _scalar(eps, input))))
+    if given.dtype == input.dtype and _can_be_nan(per_group, input.dtype):  # (ATen's half types: other lanes)
+        nan = _welford_nan(grouped, per_group, mean, input.dtype)
+        rstd = op.Where(nan, _scalar(float("nan"), input), rstd)  # (N, group, 1): cheap
+    if weight is None and bias is None:
+        out = op.Reshape(op.Mul(centered, rstd), op.Shape(input), allowzero=1)
+    else:
+        centered = op.Reshape(centered, op.Shape(input), allowzero=1)
+        out = _group_affine(input, centered, mean, rstd, weight, bias, group)
+    flat = op.Constant(value_ints=[0, group])
+    mean, rstd = op.Reshape(mean, flat), op.Reshape(rstd, flat)
+    if given is not input:
+        out, mean, rstd = (op.CastLike(v, given) for v in (out, mean, rstd))
     return out, mean, rstd
