@@ -278,3 +278,12 @@ def test_softmax_keeps_denormal_results(dtype):
     tail = [-90.0, -100.0, -103.0, -110.0] if dtype == torch.float32 else [-709.0, -720.0, -744.0, -750.0]
     x = torch.tensor([[0.0, *tail], [1.0, 2.0, 3.0, tail[0], 0.5]], dtype=dtype)
     _check(lambda x: (torch.softmax(x, dim=1), torch.softmax(x, dim=0)), x, dtype=dtype, ulps=8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_and_log_softmax_of_rows_holding_infinities_and_nan(dtype):
+    """A row holding +inf is NaN (inf - inf), -inf entries are 0 (-inf for log_softmax), a row of only -inf is
+    NaN. ONNX Runtime's float64 LogSoftmax gave -inf at the finite entries of a row holding +inf."""
+    x = torch.tensor([[INF, 1.0, 1.0], [-INF, 1.0, 2.0], [-INF, -INF, -INF], [NAN, 1.0, 0.0], [1.0, 2.0, 3.0]],
+                     dtype=dtype)
+    _check(lambda x: (torch.softmax(x, dim=1), torch.log_softmax(x, dim=1)), x, dtype=dtype, ulps=8, grad=False)

@@ -625,3 +625,14 @@ def aten__softmax(self, dim: int, half_to_float: bool):
     e = op.Exp(op.Sub(self, op.ReduceMax(self, axes, keepdims=1)))
     return op.Div(e, op.ReduceSum(e, axes, keepdims=1))
 
+
+@project_rule(aten._log_softmax.default)
+def aten__log_softmax(self, dim: int, half_to_float: bool):
+    """_log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor"""
+    if self.dtype != ir.DataType.DOUBLE or len(self.shape) == 0:
+        return torchlib_core.aten__log_softmax(self, dim, half_to_float)
+    # ATen's x - max - log(sum(exp(x - max))), spelled out: ONNX Runtime's float64 LogSoftmax of a row holding
+    # +inf gives -inf at its finite entries, where ATen's max makes every entry NaN (its float32 kernel agrees).
+    axes = _softmax_axes(self, dim)
+    shifted = op.Sub(self, op.ReduceMax(self, axes, keepdims=1))
+    return op.Sub(shifted, op.Log(op.ReduceSum(op.Exp(shifted), axes, keepdims=1)))
