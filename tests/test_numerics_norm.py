@@ -287,3 +287,24 @@ def test_softmax_and_log_softmax_of_rows_holding_infinities_and_nan(dtype):
     x = torch.tensor([[INF, 1.0, 1.0], [-INF, 1.0, 2.0], [-INF, -INF, -INF], [NAN, 1.0, 0.0], [1.0, 2.0, 3.0]],
                      dtype=dtype)
     _check(lambda x: (torch.softmax(x, dim=1), torch.log_softmax(x, dim=1)), x, dtype=dtype, ulps=8, grad=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# prod: partial products that overflow, in eager's order
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prod_overflows_in_eager_order(dtype):
+    """prod([3e38, 3e38, 1, 0]) is inf * 0 = NaN in eager, which multiplies one after the other (along an axis
+    that is not innermost, and along an innermost one shorter than 32); [1e-38, 1e-38, 3e38, 3e38] is 0 and
+    its reverse inf (float32), so no rule free of the order exists."""
+    big, tiny = (3e38, 1e-38) if dtype == torch.float32 else (1e300, 1e-300)
+    rows = [[big, big, 1.0, 0.0], [tiny, tiny, big, big], [big, big, tiny, tiny], [0.0, big, big, -1.0],
+            [INF, 2.0, 0.0, 1.0], [-0.0, 2.0, -3.0, 0.5], [1.5, -2.0, 0.25, 3.0]]
+    x = torch.tensor(rows, dtype=dtype)
+
+    def fn(x):
+        return (torch.prod(x, dim=1), torch.prod(x.t().contiguous(), dim=0, keepdim=True), torch.prod(x[0]),
+                torch.prod(x[1]), torch.prod(x.reshape(7, 2, 2), dim=1))
+
+    _check(fn, x, dtype=dtype, ulps=8, grad=False)

@@ -636,3 +636,57 @@ def aten__log_softmax(self, dim: int, half_to_float: bool):
     axes = _softmax_axes(self, dim)
     shifted = op.Sub(self, op.ReduceMax(self, axes, keepdims=1))
     return op.Sub(shifted, op.Log(op.ReduceSum(op.Exp(shifted), axes, keepdims=1)))
+
+
+def _sequential_product(x, axis: int, n: int, keepdim: bool):
+    """x's elements along ``axis`` multiplied one after the other, first to last."""
+    index = [op.Constant(value_int=i) for i in range(n)]
+    product = op.Gather(x, index[0], axis=axis)
+    for i in range(1, n):
+        product = op.Mul(product, op.Gather(x, index[i], axis=axis))
+    return op.Unsqueeze(product, op.Constant(value_ints=[axis])) if keepdim else product
+
+
+def _in_eager_order(self, axis: int, keepdim: bool):
+    """The product over ``axis`` in the order ATen's CPU kernel multiplies, where that order is one after the
+    other; else None.
+
+    The order decides what overflow gives: prod([3e38, 3e38, 1, 0]) is inf * 0 = NaN one after the other, 0 in
+    ONNX Runtime's ReduceProd, and no rule free of the order exists (eager's [1e-38, 1e-38, 3e38, 3e38] is 0,
+    its reverse inf). ATen multiplies one after the other along an axis that is not innermost (its vectors run
+    across the outputs), and along an innermost one shorter than 32 (four 8-lane accumulators above). Unrolled,
+    so only for static lengths, up to 64."""
+    if self.dtype not in _FLOATS or self.shape is None or len(self.shape) == 0:
+        return None
+    shape = self.shape
+    n = shape[axis]
+    inner = all(isinstance(d, int) and d == 1 for d in shape[axis + 1:])
+    if not isinstance(n, int) or n < 2 or n > (31 if inner else 64):
+        return None
+    return _sequential_product(self, axis, n, keepdim)
+
+
+@project_rule(aten.prod.dim_int)
+def aten_prod_dim_int(self, dim: int, keepdim: bool = False, dtype: int = -1):
+    """prod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor"""
+    if dtype not in (-1, None):
+        self = _with_shape(op.Cast(self, to=dtype), self)
+        self.dtype = ir.DataType(dtype)
+    product = _in_eager_order(self, dim % max(len(self.shape), 1), keepdim) if self.shape else None
+    return product if product is not None else torchlib_core.aten_prod_dim_int(self, dim, keepdim)
+
+
+@project_rule(aten.prod.default)
+def aten_prod(self, dtype: int = -1):
+    """prod(Tensor self, *, ScalarType? dtype=None) -> Tensor"""
+    if dtype not in (-1, None):
+        self = _with_shape(op.Cast(self, to=dtype), self)
+        self.dtype = ir.DataType(dtype)
+    if self.dtype in _FLOATS and self.shape is not None and len(self.shape) > 0 and all(
+            isinstance(d, int) for d in self.shape):
+        flat = op.Reshape(self, op.Constant(value_ints=[-1]))
+        flat.dtype, flat.shape = self.dtype, ir.Shape([math.prod(self.shape)])
+        product = _in_eager_order(flat, 0, False)
+        if product is not None:
+            return product
+    return torchlib_core.aten_prod(self)
