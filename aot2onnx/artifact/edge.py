@@ -446,6 +446,11 @@ def read_state(artifact: Artifact) -> dict[str, np.ndarray]:
 # Training
 
 
+# ONNX Runtime's rewrites that change results: NoopElimination removes Add(x, 0.0), which turns -0.0 into x's
+# -0.0 where the model computes 0.0 (aot2onnx's own sessions turn it off too: runtime/session.py).
+DISABLED_OPTIMIZERS = ["NoopElimination"]
+
+
 def session_options(intra_op_num_threads: int = 0) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_num_threads
@@ -474,7 +479,8 @@ class Trainer:
         for graph, path in artifact.models.items():
             try:
                 session = ort.InferenceSession(str(path), sess_options=options,
-                                               providers=list(providers or ["CPUExecutionProvider"]))
+                                               providers=list(providers or ["CPUExecutionProvider"]),
+                                               disabled_optimizers=DISABLED_OPTIMIZERS)
             except Exception as e:  # onnxruntime raises several unrelated types for an unloadable model
                 raise ArtifactError(f"{path}: ONNX Runtime cannot load it: {e}") from e
             self._sessions[graph] = session

@@ -232,11 +232,20 @@ def _explain_session_error(model: onnx.ModelProto, message: str) -> str:
 def _disabled_optimizers(model: onnx.ModelProto) -> list[str]:
     """ONNX Runtime's graph rewrites that would compute a wrong result in ``model``.
 
+    NoopElimination, always: it removes ``Add(x, 0.0)``, which is not a no-op for ``x = -0.0`` (eager's
+    ``(-x + 0.0) * 3`` at ``x = 0`` is 0.0; with the Add removed, -0.0). The lowering's own passes remove
+    only exact no-ops (lower/translate.py), so nothing is lost. The torch-free trainer (artifact/edge.py)
+    turns it off too.
+
     ExpandElimination removes an Expand whose constant target sizes are each at most 1 where they differ
     from the input's, taking it for a no-op; but expanding a size-1 dimension to size 0 empties it (the
     gradient of a sum over an empty batch is such an Expand: with it removed, ONNX Runtime 1.32 returns a
     [1, n] gradient for a [0, n] input). Only models with an empty dimension go without the rewrite.
     """
+    return ["NoopElimination", *_expand_elimination(model)]
+
+
+def _expand_elimination(model: onnx.ModelProto) -> list[str]:
     nodes = [*model.graph.node, *(node for function in model.functions for node in function.node)]
     if not any(node.op_type == "Expand" for node in nodes):
         return []
