@@ -9,7 +9,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript import opset18 as op
 
-__all__ = ["FLOATS", "flat", "float64_constant", "static_dim", "static_dims"]
+__all__ = ["FLOATS", "flat", "float64_constant", "planes", "scatter_add_to_planes", "static_dim", "static_dims"]
 
 FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
@@ -37,3 +37,16 @@ def flat(x: ir.Value) -> ir.Value:
 def float64_constant(value) -> ir.Value:
     """A float64 Constant of ``value`` (a number or an array): exact for any float32 or float64 number."""
     return op.Constant(value=ir.tensor(np.asarray(value, dtype=np.float64)))
+
+
+def planes(x: ir.Value, spatial: int) -> ir.Value:
+    """x [..., *spatial] as [..., positions]: one row per (n, c) plane, batched or not."""
+    return op.Reshape(x, op.Concat(op.Shape(x, end=-spatial), op.Constant(value_ints=[-1]), axis=0))
+
+
+def scatter_add_to_planes(grad_output: ir.Value, self: ir.Value, indices: ir.Value, spatial: int) -> ir.Value:
+    """The gradient of a max pool (plain or adaptive) whose indices hold each window's flat position within
+    its plane: scatter-added there, since windows that overlap can pick one position."""
+    zeros = op.CastLike(op.ConstantOfShape(op.Shape(planes(self, spatial))), grad_output)
+    grad = op.ScatterElements(zeros, planes(indices, spatial), planes(grad_output, spatial), axis=-1, reduction="add")
+    return op.Reshape(grad, op.Shape(self))

@@ -18,13 +18,12 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
+from aot2onnx.lower.ops._common import FLOATS, planes, scatter_add_to_planes
 from aot2onnx.lower.ops._control import cond
-from aot2onnx.lower.ops.pool import _planes, _scatter_add_to_planes
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
 
-_FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
 def _regions(size: int, out: int) -> list[tuple[int, int]]:
@@ -217,22 +216,22 @@ def _adaptive_max(self, output_size: Sequence[int]):
             membership.shape[0] * axis.shape[0], membership.shape[1] * axis.shape[1]
         )
     mask = op.Constant(value=ir.tensor(membership))
-    flat = op.Unsqueeze(_planes(self, spatial), op.Constant(value_ints=[-2]))  # [..., 1, positions]
-    if self.dtype in _FLOATS:
+    flat = op.Unsqueeze(planes(self, spatial), op.Constant(value_ints=[-2]))  # [..., 1, positions]
+    if self.dtype in FLOATS:
         fill = op.CastLike(op.Constant(value_float=float("-inf")), self)
     else:
         fill = op.ReduceMin(self, keepdims=0)
     candidates = op.Where(mask, flat, fill)  # [..., cells, positions]
     last = op.Constant(value_ints=[-1])
     indices = op.ArgMax(candidates, axis=-1, keepdims=0)  # the first maximum, as ATen's row-major scan
-    if self.dtype in _FLOATS:
+    if self.dtype in FLOATS:
         # A region of only -inf ties with the fill outside it; ATen's index is then the region's first.
         best = op.Squeeze(op.GatherElements(candidates, op.Unsqueeze(indices, last), axis=-1), last)
         first = op.Constant(value=ir.tensor(membership.argmax(axis=1).astype(np.int64)))
         indices = op.Where(op.Equal(best, fill), first, indices)
     # The value at that index, not ReduceMax's: of -0.0 and 0.0 in a region that may give either, ATen the first.
-    values = op.GatherElements(_planes(self, spatial), indices, axis=-1)
-    if self.dtype in _FLOATS:
+    values = op.GatherElements(planes(self, spatial), indices, axis=-1)
+    if self.dtype in FLOATS:
         # A NaN wins its region (ATen keeps the last NaN it meets).
         nans = op.And(mask, op.IsNaN(flat))
         positions = op.Range(op.Constant(value_int=0), op.Constant(value_int=membership.shape[1]), op.Constant(value_int=1))
@@ -259,10 +258,10 @@ def aten_adaptive_max_pool3d(self, output_size: Sequence[int]):
 @project_rule(aten.adaptive_max_pool2d_backward.default)
 def aten_adaptive_max_pool2d_backward(grad_output, self, indices):
     """adaptive_max_pool2d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor"""
-    return _scatter_add_to_planes(grad_output, self, indices, 2)
+    return scatter_add_to_planes(grad_output, self, indices, 2)
 
 
 @project_rule(aten.adaptive_max_pool3d_backward.default)
 def aten_adaptive_max_pool3d_backward(grad_output, self, indices):
     """adaptive_max_pool3d_backward(Tensor grad_output, Tensor self, Tensor indices) -> Tensor"""
-    return _scatter_add_to_planes(grad_output, self, indices, 3)
+    return scatter_add_to_planes(grad_output, self, indices, 3)

@@ -10,6 +10,7 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
+from aot2onnx.lower.ops._common import static_dim
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -58,14 +59,6 @@ def _split(self, sizes, dim: int):
     return pieces
 
 
-def _static_dim(self, dim: int) -> int | None:
-    shape = self.shape
-    if shape is None:
-        return None
-    size = shape[dim]
-    return size if isinstance(size, int) else None
-
-
 # torch_lib splits into an ONNX sequence (SplitToSequence + SequenceAt), which ONNX Runtime runs by copying
 # every piece. With static sizes, one Split node gives the pieces as plain outputs.
 
@@ -73,7 +66,7 @@ def _static_dim(self, dim: int) -> int | None:
 @project_rule(aten.split.Tensor)
 def aten_split(self, split_size, dim: int = 0):
     """split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]"""
-    length = _static_dim(self, dim)
+    length = static_dim(self, dim)
     if length is not None and isinstance(split_size, int) and split_size > 0:
         sizes = [split_size] * (length // split_size) + ([length % split_size] if length % split_size else [])
         pieces = _split(self, sizes, dim)
@@ -92,7 +85,7 @@ def aten_split_with_sizes(self, split_sizes, dim: int = 0):
 @project_rule(aten.unbind.int)
 def aten_unbind(self, dim: int = 0):
     """unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]"""
-    length = _static_dim(self, dim)
+    length = static_dim(self, dim)
     if length is None:
         return torchlib_core.aten_unbind(self, dim)
     axes = op.Constant(value_ints=[dim])

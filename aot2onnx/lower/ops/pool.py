@@ -10,25 +10,12 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
 
+from aot2onnx.lower.ops._common import FLOATS, scatter_add_to_planes
 from aot2onnx.lower.ops._control import cond
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
 
-_FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-
-
-def _planes(x, spatial: int):
-    """x [..., *spatial] as [..., positions]: one row per (n, c) plane, batched or not."""
-    return op.Reshape(x, op.Concat(op.Shape(x, end=-spatial), op.Constant(value_ints=[-1]), axis=0))
-
-
-def _scatter_add_to_planes(grad_output, self, indices, spatial: int):
-    """The gradient of a max pool whose indices hold each window's flat position within its plane:
-    scatter-added there, since windows that overlap can pick one position."""
-    zeros = op.CastLike(op.ConstantOfShape(op.Shape(_planes(self, spatial))), grad_output)
-    grad = op.ScatterElements(zeros, _planes(indices, spatial), _planes(grad_output, spatial), axis=-1, reduction="add")
-    return op.Reshape(grad, op.Shape(self))
 
 
 def _max_pool_attributes(spatial: int, kernel_size, stride, padding, dilation):
@@ -140,7 +127,7 @@ def _max_pool_with_indices(self, spatial: int, kernel_size, stride, padding, dil
     values, flat = pool(x)
     values = _typed(values, self.dtype)
     indices = _typed(op.Sub(flat, _plane_offsets(x, spatial)), ir.DataType.INT64)
-    if self.dtype in _FLOATS:
+    if self.dtype in FLOATS:
         # ONNX Runtime starts each window at the most negative finite number, not -inf. Its kernel with
         # indices then takes a window's first element where all are -inf, as ATen does, but its kernel
         # without gives -3.4e38 (float32) there; and both give it, at a meaningless index, for a window
@@ -201,10 +188,10 @@ def _max_pool_backward(grad_output, self, indices, spatial: int, kernel_size, st
         # its buffer. Here it is dropped: zero added at position 0.
         empty, _ = _first_positions(self, grad_output, spatial, kernel, strides, pads, dilations)
         grad_output = op.Where(empty, op.CastLike(0.0, grad_output), grad_output)
-        return _scatter_add_to_planes(grad_output, self, op.Where(empty, op.Constant(value_int=0), indices), spatial)
+        return scatter_add_to_planes(grad_output, self, op.Where(empty, op.Constant(value_int=0), indices), spatial)
     overlapping = any(s < d * (k - 1) + 1 for k, s, d in zip(kernel, strides, dilations))
     if overlapping or grad_output.dtype != ir.DataType.FLOAT:  # ONNX Runtime's MaxUnpool is float32 only
-        return _scatter_add_to_planes(grad_output, self, indices, spatial)
+        return scatter_add_to_planes(grad_output, self, indices, spatial)
     # Windows that do not overlap pick each position at most once, so MaxUnpool places the gradient
     # (about three times faster than the scatter-add); it takes positions over the whole tensor.
     unbatched = len(self.shape) == spatial + 1

@@ -22,16 +22,12 @@ import torch
 from onnxscript import opset18 as op
 
 from aot2onnx.lower.ops import _cephes as C
+from aot2onnx.lower.ops._common import FLOATS, float64_constant
 from aot2onnx.lower.ops._control import loop
 from aot2onnx.lower.registry import project_rule
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
-_FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-
-
-def _const(value: float):
-    return op.Constant(value=ir.tensor(np.array(value, dtype=np.float64)))
 
 
 class D:
@@ -47,7 +43,7 @@ class D:
         if isinstance(x, D):
             return x.v
         if isinstance(x, (int, float)):
-            return _const(float(x))
+            return float64_constant(float(x))
         return x
 
     def __add__(self, o):
@@ -141,7 +137,7 @@ def log1p(x: D) -> D:
 
 def polevl(x: D, coefficients) -> D:
     """coefficients[0] * x**n + ... + coefficients[n] (Cephes' polevl)."""
-    result = D(_const(coefficients[0]))
+    result = D(float64_constant(coefficients[0]))
     for c in coefficients[1:]:
         result = result * x + c
     return result
@@ -149,7 +145,7 @@ def polevl(x: D, coefficients) -> D:
 
 def chbevl(x: D, coefficients) -> D:
     """Cephes' chbevl: the Chebyshev series with these coefficients at x (Clenshaw's recurrence)."""
-    b0, b1, b2 = D(_const(coefficients[0])), D(_const(0.0)), D(_const(0.0))
+    b0, b1, b2 = D(float64_constant(coefficients[0])), D(float64_constant(0.0)), D(float64_constant(0.0))
     for c in coefficients[1:]:
         b2, b1 = b1, b0
         b0 = x * b1 - b2 + c
@@ -158,7 +154,7 @@ def chbevl(x: D, coefficients) -> D:
 
 def _lowered(function, *args):
     """Runs ``function`` on the arguments in float64 and casts the result to the op's float dtype."""
-    like = next((a for a in args if hasattr(a, "dtype") and a.dtype in _FLOATS), None)
+    like = next((a for a in args if hasattr(a, "dtype") and a.dtype in FLOATS), None)
     result = function(*(D(op.Cast(a, to=ir.DataType.DOUBLE)) for a in args)).v
     if like is not None:
         return op.CastLike(result, like)
@@ -175,8 +171,8 @@ def _erfcx_y100(y100: D) -> D:
     """S. G. Johnson's erfcx on y = 4 / (4 + |x|), by table lookup of 100 polynomials in t."""
     # Every branch is evaluated for every element, so y100 may be out of [0, 100] (or NaN) where this
     # branch is not taken: keep the index in the table.
-    clamped = op.Max(op.Min(op.Floor(y100.v), _const(99.0)), _const(0.0))
-    index = op.Cast(op.Where(op.IsNaN(clamped), _const(0.0), clamped), to=ir.DataType.INT64)
+    clamped = op.Max(op.Min(op.Floor(y100.v), float64_constant(99.0)), float64_constant(0.0))
+    index = op.Cast(op.Where(op.IsNaN(clamped), float64_constant(0.0), clamped), to=ir.DataType.INT64)
     rows = op.Gather(op.Constant(value=ir.tensor(_ERFCX_TABLE)), index, axis=0)  # [..., 7]
     t = y100 * 2.0 - (D(op.Cast(index, to=ir.DataType.DOUBLE)) * 2.0 + 1.0)
     result = D(op.Gather(rows, op.Constant(value_int=6), axis=-1))
@@ -264,7 +260,7 @@ _LANCZOS = (
 def _lgamma_positive(x: D) -> D:
     """lgamma for x >= 0.5 (Lanczos, g = 7, n = 9)."""
     z = x - 1.0
-    series = D(_const(_LANCZOS[0]))
+    series = D(float64_constant(_LANCZOS[0]))
     for i, c in enumerate(_LANCZOS[1:], start=1):
         series = series + c / (z + float(i))
     t = z + _LANCZOS_G + 0.5
@@ -286,7 +282,7 @@ _PSI_A = (
 
 
 def _digamma_nonnegative(x: D) -> D:
-    result = D(_const(0.0))
+    result = D(float64_constant(0.0))
     for _ in range(10):  # push x to >= 10, as ATen's "while (x < 10)" does
         small = x < 10.0
         result = where(small, result - 1.0 / x, result)
@@ -303,7 +299,7 @@ def digamma(x: D) -> D:
     result = where(x < 0.0, reflected, _digamma_nonnegative(where(x < 0.0, 1.0, x)))
     result = where(both(x < 0.0, x.eq(trunc(x))), math.nan, result)
     # digamma(+-0) = -+inf.
-    return where(x.eq(0.0), where(D(op.Div(_const(1.0), x.v)) < 0.0, math.inf, -math.inf), result)
+    return where(x.eq(0.0), where(D(op.Div(float64_constant(1.0), x.v)) < 0.0, math.inf, -math.inf), result)
 
 
 def trigamma(x: D) -> D:
@@ -332,19 +328,19 @@ def zeta(x: D, q: D) -> D:
     # w = q + i + 1. The terms are summed as a tensor with one more axis, as long as the largest q needs.
     last = op.Constant(value_ints=[-1])
     # The loop stops at the first i >= 9 with q + i > 9.
-    steps = op.Max(_const(9.0), op.Add(op.Floor(op.Sub(_const(9.0), q.v)), _const(1.0)))
+    steps = op.Max(float64_constant(9.0), op.Add(op.Floor(op.Sub(float64_constant(9.0), q.v)), float64_constant(1.0)))
     # q = -inf or NaN would ask for endless terms (ATen's result there is inf or NaN whatever the count).
-    steps = op.Where(op.IsNaN(steps), _const(9.0), op.Min(steps, _const(float(2**20))))
-    count = op.Max(op.ReduceMax(steps, keepdims=0), _const(9.0))  # (an empty input reduces to -inf)
-    k = op.Range(_const(0.0), op.Add(count, _const(1.0)), _const(1.0))  # 0..count
+    steps = op.Where(op.IsNaN(steps), float64_constant(9.0), op.Min(steps, float64_constant(float(2**20))))
+    count = op.Max(op.ReduceMax(steps, keepdims=0), float64_constant(9.0))  # (an empty input reduces to -inf)
+    k = op.Range(float64_constant(0.0), op.Add(count, float64_constant(1.0)), float64_constant(1.0))  # 0..count
     qk = op.Add(op.Unsqueeze(q.v, last), k)  # [..., K]
     inside = op.LessOrEqual(k, op.Unsqueeze(steps, last))
-    terms = op.Where(inside, op.Pow(qk, op.Neg(op.Unsqueeze(x.v, last))), _const(0.0))
+    terms = op.Where(inside, op.Pow(qk, op.Neg(op.Unsqueeze(x.v, last))), float64_constant(0.0))
     s = D(op.ReduceSum(terms, last, keepdims=0))
     w = q + D(steps)  # a after the loop
     b = D(op.Pow(w.v, op.Neg(x.v)))
     s = s + b * w / (x - 1.0) - 0.5 * b
-    a = D(_const(1.0))
+    a = D(float64_constant(1.0))
     kk = 0.0
     for i in range(12):
         a = a * (x + kk)
@@ -367,7 +363,7 @@ def polygamma(n: int, x: D) -> D:
     if n == 1:
         return trigamma(x)
     sign = 1.0 if n % 2 else -1.0
-    return sign * math.factorial(n) * zeta(D(op.Expand(_const(float(n + 1)), op.Shape(x.v))), x)
+    return sign * math.factorial(n) * zeta(D(op.Expand(float64_constant(float(n + 1)), op.Shape(x.v))), x)
 
 
 # --- Bessel functions ----------------------------------------------------------------------------------
@@ -520,7 +516,7 @@ def airy_ai(x: D) -> D:
     )
     # Otherwise the power series in x**3, summed to convergence (25 terms are enough for |x| <= 8.33).
     xs = where(both(x >= -2.09, x <= 8.3203353), x, 0.0)
-    f, g, k, m, n = D(_const(1.0)), xs, 1.0, D(_const(1.0)), xs
+    f, g, k, m, n = D(float64_constant(1.0)), xs, 1.0, D(float64_constant(1.0)), xs
     z3 = xs * xs * xs
     for _ in range(25):
         m = m * z3
@@ -564,12 +560,12 @@ def _even(n: D):
 
 def _recurrence(n: D, first: D, step) -> D:
     """ATen's loop: p_0 = 1, p_1 = first, p_(j+1) = step(j, p_(j-1), p_j); the value at degree n."""
-    one = D(op.Expand(_const(1.0), op.Shape(first.v)))
-    count = op.Cast(op.Max(op.Sub(op.ReduceMax(n.v, keepdims=0), _const(1.0)), _const(0.0)), to=ir.DataType.INT64)
+    one = D(op.Expand(float64_constant(1.0), op.Shape(first.v)))
+    count = op.Cast(op.Max(op.Sub(op.ReduceMax(n.v, keepdims=0), float64_constant(1.0)), float64_constant(0.0)), to=ir.DataType.INT64)
     initial = where(n.eq(0.0), one, where(n.eq(1.0), first, 0.0))
 
     def body(i, p, q, result):
-        j = D(op.Add(op.Cast(i, to=ir.DataType.DOUBLE), _const(1.0)))
+        j = D(op.Add(op.Cast(i, to=ir.DataType.DOUBLE), float64_constant(1.0)))
         r = step(j, D(p), D(q))
         return q, r.v, where(n.eq(j + 1.0), r, D(result)).v
 
@@ -805,7 +801,7 @@ def aten_mvlgamma(self, p: int):
     """mvlgamma(Tensor self, int p) -> Tensor"""
     # log of the multivariate gamma: p(p-1)/4 log(pi) + sum_{j<p} lgamma(x - j/2).
     def mvlgamma(x: D) -> D:
-        result = D(_const(p * (p - 1) / 4.0 * math.log(math.pi)))
+        result = D(float64_constant(p * (p - 1) / 4.0 * math.log(math.pi)))
         for j in range(p):
             result = result + lgamma(x - j / 2.0)
         return result
