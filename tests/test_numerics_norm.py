@@ -308,3 +308,13 @@ def test_prod_overflows_in_eager_order(dtype):
                 torch.prod(x[1]), torch.prod(x.reshape(7, 2, 2), dim=1))
 
     _check(fn, x, dtype=dtype, ulps=8, grad=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_logsumexp_of_rows_holding_nan_and_inf(dtype):
+    # ONNX Runtime's ReduceLogSumExp gave inf for [inf, nan, 1] (its max passes over NaN); ATen's is NaN
+    # (slow differential seed 10036).
+    x = torch.tensor([[INF, NAN, 1.0], [NAN, 1.0, 2.0], [-INF, -INF, -INF], [INF, 1.0, -INF], [1.0, 2.0, 3.0]])
+    _check(lambda x: (torch.logsumexp(x, dim=1), torch.logsumexp(x, dim=-1, keepdim=True),
+                      torch.logsumexp(x, dim=(0, 1))), x, dtype=dtype, grad=False)
+    _check(lambda x: torch.logsumexp(x, dim=0), torch.randn(4, 5) * 30, dtype=dtype)

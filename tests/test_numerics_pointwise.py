@@ -275,3 +275,12 @@ def test_adding_positive_zero_makes_negative_zero_positive(dtype):
     x = torch.tensor([0.0, -0.0, 1.0, -1.0, INF, NAN])
     _check(lambda x: (-x + 0.0) * 3.0, x.to(dtype), dtype=dtype, grad=False)
     _check(lambda x: (x + 0.0) * 3.0, -x.to(dtype), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_full_and_full_like_fill_in_their_dtype(dtype):
+    # torch_lib made the fill a float32 constant and cast it: float64 full(0.3) was 0.30000001192092896.
+    x = torch.tensor([0.0, -0.0, 1.0])
+    _check(lambda x: (x + torch.full((3,), 0.3, dtype=x.dtype), torch.full_like(x, 1e-310) + x,
+                      x * torch.full((3,), 1 / 3, dtype=x.dtype), torch.full((2,), 3), torch.full((2,), True)),
+           x, dtype=dtype)

@@ -444,12 +444,42 @@ def aten__efficientzerotensor(
     """_efficientzerotensor(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
     # A zero tensor that ATen never materialises; in ONNX it is just zeros.
     data_type = ir.DataType.FLOAT if dtype in (-1, None) else ir.DataType(dtype)
+    return op.ConstantOfShape(_shape(size), value=ir.tensor([0], dtype=data_type))
+
+
+def _shape(size: Sequence[int]):
+    """A SymInt[] argument as a 1-D INT64 tensor."""
     if all(isinstance(d, int) for d in size):
-        shape = op.Constant(value_ints=list(size))
-    else:
-        one = op.Constant(value_ints=[1])
-        shape = op.Concat(*[op.Reshape(op.Cast(d, to=ir.DataType.INT64), one) for d in size], axis=0)
-    return op.ConstantOfShape(shape, value=ir.tensor([0], dtype=data_type))
+        return op.Constant(value_ints=list(size))
+    one = op.Constant(value_ints=[1])
+    return op.Concat(*[op.Reshape(op.Cast(d, to=ir.DataType.INT64), one) for d in size], axis=0)
+
+
+def _fill_type(fill_value) -> ir.DataType:
+    """The dtype ATen gives full() without one: bool, int64, or the default float dtype."""
+    if isinstance(fill_value, bool):
+        return ir.DataType.BOOL
+    if isinstance(fill_value, int):
+        return ir.DataType.INT64
+    return ir.DataType.DOUBLE if torch.get_default_dtype() == torch.float64 else ir.DataType.FLOAT
+
+
+@project_rule(aten.full.default)
+def aten_full(size: Sequence[int], fill_value, dtype: int = -1, layout: str = "", device: str = "",
+              pin_memory: bool = False):
+    """full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
+    # The fill in the result's dtype from the start: torch_lib cast a float32 constant, so a float64
+    # full(0.3) was 0.30000001192092896.
+    data_type = _fill_type(fill_value) if dtype in (-1, None) else ir.DataType(dtype)
+    return op.Expand(_scalar(fill_value, data_type), _shape(size))
+
+
+@project_rule(aten.full_like.default)
+def aten_full_like(self, fill_value, dtype: int = -1, layout: str = "", device: str = "", pin_memory: bool = False,
+                   memory_format: str = ""):
+    """full_like(Tensor self, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor"""
+    data_type = self.dtype if dtype in (-1, None) else ir.DataType(dtype)
+    return op.Expand(_scalar(fill_value, data_type), op.Shape(self))
 
 
 @project_rule(aten.empty_permuted.default)

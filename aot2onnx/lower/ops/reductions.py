@@ -143,6 +143,20 @@ def aten_amax(self, dim: Sequence[int] = (), keepdim: bool = False):
     return _extremum(op.ReduceMax, self, dim, keepdim)
 
 
+@project_rule(aten.logsumexp.default)
+def aten_logsumexp(self, dim: Sequence[int], keepdim: bool = False):
+    """logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor"""
+    # ATen's formula: m = amax (NaN wins), log(sum(exp(x - m'))) + m with m' = 0 where m is infinite.
+    # ONNX Runtime's ReduceLogSumExp took a max that passes over NaN: [inf, nan] gave inf, eager NaN.
+    if len(self.shape) == 0:
+        return self
+    maximum = _extremum(op.ReduceMax, self, dim, True)
+    shift = op.Where(op.IsInf(maximum), op.CastLike(0.0, maximum), maximum)
+    axes = op.Constant(value_ints=_axes(dim, len(self.shape)))
+    total = op.ReduceSum(op.Exp(op.Sub(self, shift)), axes, keepdims=1 if keepdim else 0)
+    return op.Add(op.Log(total), shift if keepdim else op.Squeeze(shift, axes))
+
+
 @project_rule(aten.amin.default)
 def aten_amin(self, dim: Sequence[int] = (), keepdim: bool = False):
     """amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"""
