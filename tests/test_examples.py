@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 EXAMPLES = pathlib.Path(__file__).parents[1] / "examples"
 
 
@@ -25,6 +27,7 @@ def test_export_and_train_on_device_example(tmp_path):
     assert (tmp_path / "artifact" / "trained.safetensors").is_file()
 
 
+@pytest.mark.slow  # 26-93 s on 2 cores; tests/test_hf_trainer.py checks the same path against eager in the default run
 def test_train_with_hf_trainer_example():
     run = subprocess.run(
         [sys.executable, str(EXAMPLES / "train_with_hf_trainer.py"), "--steps", "8"],
