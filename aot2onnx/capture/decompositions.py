@@ -36,9 +36,10 @@ class _Lowers(Protocol):
 
 
 def lowerable_names(registry: _Lowers, opset: int) -> list[str]:
-    """The ops kept whole: those ``registry`` lowers at ``opset``, less those decomposed for training."""
-    names = {target_name(t) for t in registry.targets() if registry.supports(t, opset)}
-    return sorted(str(n) for n in names - _DECOMPOSED_FOR_TRAINING)
+    """The ops ``registry`` lowers at ``opset``: what :func:`decomposition_table` takes. The backend keeps this
+    list in its disk cache, so it is the registry's answer alone; the choices of this module (what is
+    decomposed for training anyway) are applied by :func:`decomposition_table`, fresh in every process."""
+    return sorted({str(target_name(t)) for t in registry.targets() if registry.supports(t, opset)})
 
 
 def _transpose_as_permute(x: torch.Tensor, dim0: int, dim1: int) -> torch.Tensor:
@@ -58,7 +59,8 @@ _ALWAYS_DECOMPOSED: dict[torch._ops.OpOverload, Callable] = {torch.ops.aten.tran
 
 
 def decomposition_table(lowerable: Iterable[Any]) -> dict[torch._ops.OpOverload, Callable]:
-    """PyTorch's decompositions, minus those of ops that have a lowering rule.
+    """PyTorch's decompositions, minus those of ops that have a lowering rule (except the ops decomposed for
+    training anyway, ``_DECOMPOSED_FOR_TRAINING``).
 
     An op with a rule stays whole, because one ONNX op (LayerNormalization, Gelu, Conv) runs faster than
     its pieces. An op without one is decomposed, which is how most backward ops (``native_layer_norm_backward``,
@@ -66,7 +68,7 @@ def decomposition_table(lowerable: Iterable[Any]) -> dict[torch._ops.OpOverload,
     PyTorch's ONNX exporter (``create_onnx_friendly_decomposition_table``), applied to AOTAutograd's joint
     graph rather than to an inference graph.
     """
-    keep = {str(target_name(op)) for op in lowerable}
+    keep = {str(target_name(op)) for op in lowerable} - _DECOMPOSED_FOR_TRAINING
     table: dict[torch._ops.OpOverload, Callable] = dict(_ALWAYS_DECOMPOSED)
     for op, fn in itertools.chain(
         torch.export.default_decompositions().items(), torch._decomp.decomposition_table.items()
