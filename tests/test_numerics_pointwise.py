@@ -185,6 +185,55 @@ def test_where_keeps_negative_zero(dtype):
     _check(lambda x, y: torch.where(c, x, y), x.reshape(4, 3), y[:3], dtype=dtype)
 
 
+def _large(dtype: torch.dtype, special: bool) -> torch.Tensor:
+    """64 x 512 random values (large enough for the arithmetic selection), the first row's head with signed
+    zeros, and with ``special`` also NaN and infinities (which send it to its exact Where)."""
+    x = torch.randn(64, 512, generator=torch.Generator().manual_seed(7), dtype=dtype)
+    head = [-0.0, 0.0, -1.0, 2.0] + ([NAN, INF, -INF] if special else [])
+    x[0, :len(head)] = torch.tensor(head, dtype=dtype)
+    x[1, :len(head)] = -x[0, :len(head)]
+    return x
+
+
+@pytest.mark.parametrize("special", [False, True], ids=["finite", "nan-inf"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_selections_of_a_constant_on_large_tensors(dtype, special):
+    # On a large tensor a selection of a constant is arithmetic (pointwise.select): bitwise the Where's
+    # answer, gradients of ReLU, hardtanh and masked_fill included, whose conditions are random here.
+    y, x = _large(dtype, special), torch.randn(64, 512, generator=torch.Generator().manual_seed(8), dtype=dtype)
+    x[0, :8] = torch.tensor([-1.0, 1.0, -1.0, 1.0, -1.0, -1.0, 1.0, 0.0], dtype=dtype)
+    cases = {
+        "relu": lambda y, x: torch.relu(x * y),
+        "threshold_backward": lambda y, x: torch.ops.aten.threshold_backward(y, x, 0.0),
+        "fill +0.0": lambda y, x: torch.where(x > 0.3, 0.0, y),
+        "fill positive": lambda y, x: torch.where(x > 0.3, 2.5, y),
+        "fill negative, kept where true": lambda y, x: torch.where(x > 0.3, y, -1.5),
+        "masked_fill": lambda y, x: y.masked_fill(x < 0, 1e-3),
+        # relu6's input finite: eager's own hardtanh_backward passes a gradient at NaN in its scalar loop and
+        # not in its vector loop
+        "relu6": lambda y, x: F.relu6(x * 4) * y,
+        "broadcast condition": lambda y, x: torch.where(x[:, :1] > 0, 0.0, y),
+    }
+    for name, fn in cases.items():
+        try:
+            _check(fn, y, x, dtype=dtype)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from None
+
+
+def test_a_selection_of_a_constant_on_a_large_tensor_is_arithmetic(tmp_path, monkeypatch):
+    # The test above exercises the arithmetic path only if it is taken: ReLU's gradient has no Where outside
+    # the If that guards it.
+    import onnx
+
+    monkeypatch.setenv("AOT2ONNX_DUMP_DIR", str(tmp_path))
+    x = torch.randn(64, 512)
+    torch.compile(lambda x, g: torch.ops.aten.threshold_backward(g, x, 0.0), backend="aot2onnx")(x, x + 1)
+    (path,) = tmp_path.glob("*.onnx")
+    ops = [n.op_type for n in onnx.load(path).graph.node]
+    assert "If" in ops and "Where" not in ops, ops
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_masked_fill_keeps_negative_zero(dtype):
     x = ZEROS
