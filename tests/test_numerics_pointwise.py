@@ -153,7 +153,7 @@ def test_tanh_small_and_denormal(dtype):
 BASES = [0.0, -0.0, 1.0, -1.0, 0.25, 7.0, -3.0, 2e-19, 3e-20, 1e13, 1e20, -1e20, 3e38, INF, -INF, NAN]
 
 
-@pytest.mark.parametrize("exponent", [0.5, -0.5, -1.0, 2.0, 3.0, -2.0])
+@pytest.mark.parametrize("exponent", [1.0, 0.5, -0.5, -1.0, 2.0, 3.0, -2.0])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pow_exponents_computed_without_pow(exponent, dtype):
     x = torch.tensor(BASES + [DENORMAL[dtype], -DENORMAL[dtype], 1e200, 1e-160], dtype=torch.float64).to(dtype)
@@ -213,10 +213,15 @@ def test_selections_of_a_constant_on_large_tensors(dtype, special):
         # not in its vector loop
         "relu6": lambda y, x: F.relu6(x * 4) * y,
         "broadcast condition": lambda y, x: torch.where(x[:, :1] > 0, 0.0, y),
+        "zeros_like": lambda y, x: torch.where(x[:, :1] > 0, torch.zeros_like(y), y),
+        "full_like": lambda y, x: torch.where(x > 0, y, torch.full_like(y, -2.0)),
     }
-    for name, fn in cases.items():
+    # softmax itself is within some ULPs of eager's (exp and a sum of 512 round; its gradient cancels): the
+    # forward only, where the rows that are all -inf are 0
+    softmax = {"safe softmax": lambda y, x: torch.ops.aten._safe_softmax(torch.where(x[:, :1] > 1.5, -INF, y), -1)}
+    for name, fn in [*cases.items(), *softmax.items()]:
         try:
-            _check(fn, y, x, dtype=dtype)
+            _check(fn, y, x, dtype=dtype, ulps=16 if name in softmax else 0, grad=name not in softmax)
         except AssertionError as e:
             raise AssertionError(f"{name}: {e}") from None
 

@@ -162,9 +162,24 @@ def _arithmetic_select(condition, fill: float, y, fill_where: bool = True):
     return result
 
 
-def _scalar_constant(value) -> float | None:
+def _fill(value, other) -> float | None:
+    """The one float ``value`` holds everywhere, if it is a constant (a scalar, or one expanded as full and
+    zeros_like make it) whose shape broadcasts into ``other``'s: the selection's shape is then the other
+    operand's and the condition's."""
     data = _constant(value)
+    dims = list(data.shape) if data is not None else None
+    producer = value.producer()
+    if data is None and producer is not None and producer.op_type == "Expand" and producer.domain in ("", "ai.onnx"):
+        data = _constant(producer.inputs[0])
+    if data is None and producer is not None and producer.op_type == "ConstantOfShape" and "value" in producer.attributes:
+        data = producer.attributes["value"].as_tensor().numpy()
     if data is None or data.size != 1 or data.dtype.kind != "f":
+        return None
+    mine = list(value.shape.dims) if value.shape is not None else dims
+    if mine is None or other.shape is None:
+        return None
+    theirs = list(other.shape.dims)
+    if len(mine) > len(theirs) or not all(a == 1 or a == b for a, b in zip(reversed(mine), reversed(theirs))):
         return None
     return float(data.reshape(()))
 
@@ -172,10 +187,10 @@ def _scalar_constant(value) -> float | None:
 def select(condition, x, y):
     """``Where(condition, x, y)``, keeping the sign of every zero it selects."""
     if condition.dtype == ir.DataType.BOOL:
-        fill = _scalar_constant(x)
+        fill = _fill(x, y)
         if fill is not None and (result := _arithmetic_select(condition, fill, y)) is not None:
             return result
-        fill = _scalar_constant(y)
+        fill = _fill(y, x)
         if fill is not None and (result := _arithmetic_select(condition, fill, x, fill_where=False)) is not None:
             return result
     if not _may_hold_negative_zero(x):
@@ -429,11 +444,13 @@ def _reciprocal(x):
 
 
 # ATen's CPU pow with a float32 or float64 tensor and these scalar exponents does not call pow
-# (PowKernel.cpp): 0.5 is sqrt, -0.5 is 1 / sqrt, -1 is 1 / x, 2 is x * x, 3 is x * x * x, -2 is 1 / (x * x).
+# (Pow.cpp, PowKernel.cpp): 1 is a copy (the gradient of x ** 2 is 2 * x ** 1; ONNX Runtime's Pow took 0.76
+# ms on 16 x 32 x 16 x 16, 6 ns per element), 0.5 is sqrt, -0.5 is 1 / sqrt, -1 is 1 / x, 2 is x * x, 3 is x * x * x, -2 is 1 / (x * x).
 # Their signed zeros, infinities and NaNs differ from IEEE pow (pow(-inf, 0.5) is inf, sqrt(-inf) NaN;
 # pow(-0.0, -0.5) is +inf, 1 / sqrt(-0.0) -inf), and so do overflowing squares (1 / (x * x) of 1e20 is 0,
 # pow(1e20, -2) 1e-40).
 _POW_AS_ATEN = {
+    1.0: op.Identity,
     0.5: op.Sqrt,
     -0.5: lambda x: _reciprocal(op.Sqrt(x)),
     -1.0: _reciprocal,
