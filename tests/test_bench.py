@@ -175,3 +175,32 @@ def test_quick_bench_with_inductor(tmp_path):
     assert "ratio_to_eager" in model["contenders"]["inductor"], model["contenders"]["inductor"]
     assert model["aot2onnx_to_inductor"]["median"] > 0
     assert "below inductor's on each model" in text and "half of inductor's" in text
+
+
+def test_device_suite_models_build_and_train_in_eager():
+    device = [name for name, spec in models.MODELS.items() if spec.suite == "device"]
+    assert device == ["mlp-s", "encoder-s", "cnn-s", "gpt2-s", "mobilenet-s", "bert-s"]
+    for name in device:
+        model, x, y, loss_fn = models.make_batch(name)
+        # The same model and batch in every process: a second build starts from the same weights and data.
+        again, x2, y2, _ = models.make_batch(name)
+        assert torch.equal(x, x2) and torch.equal(y, y2), name
+        assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values())), name
+        loss = loss_fn(model.train()(x), y)
+        assert loss.ndim == 0 and torch.isfinite(loss), name
+        loss.backward()
+        grads = [p.grad for p in model.parameters()]
+        assert grads and all(g is not None and torch.isfinite(g).all() for g in grads), name
+        assert any(g.abs().sum() > 0 for g in grads), name
+    assert {n for n, s in models.MODELS.items() if s.transformer} == {
+        "encoder", "encoder-dropout", "gpt", "encoder-s", "gpt2-s", "bert-s"}
+
+
+def test_the_zoo_trains_the_benchmarks_mobilenet_and_bert_config():
+    import zoo  # tests/ is on the path, as for tests/test_zoo.py
+
+    assert zoo.TinyMobileNet is models.TinyMobileNet
+    (bert,) = [m for m in zoo.MEMBERS if m.name == "bert_seq_cls"]
+    config = bert.build().model.config
+    assert {k: getattr(config, k) for k in models.TINY_BERT_CONFIG} == models.TINY_BERT_CONFIG
+    assert config._attn_implementation == "sdpa"

@@ -36,6 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from aot2onnx.tools.bench.models import TINY_BERT_CONFIG, TinyMobileNet
+
 __all__ = ["FALLBACKS", "MEMBERS", "STEPS", "Member", "check", "fallen_back_ops", "main", "report_row", "report_rows"]
 
 STEPS = 3  # optimizer steps in the default test run
@@ -208,53 +210,8 @@ class TinyResNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-class _SqueezeExcite(nn.Module):
-    def __init__(self, channels: int, reduced: int) -> None:
-        super().__init__()
-        self.reduce = nn.Conv2d(channels, reduced, 1)
-        self.expand = nn.Conv2d(reduced, channels, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        s = F.adaptive_avg_pool2d(x, 1)
-        return x * F.hardsigmoid(self.expand(F.relu(self.reduce(s))))
-
-
-class _InvertedResidual(nn.Module):
-    def __init__(self, cin: int, cout: int, expand: int, stride: int, se: bool) -> None:
-        super().__init__()
-        hidden = cin * expand
-        self.residual = stride == 1 and cin == cout
-        layers: list[nn.Module] = [nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.Hardswish()]
-        # Depthwise: one 3x3 filter per channel (groups == channels).
-        layers += [nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False), nn.BatchNorm2d(hidden),
-                   nn.Hardswish()]
-        if se:
-            layers.append(_SqueezeExcite(hidden, max(8, hidden // 4)))
-        layers += [nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout)]
-        self.block = nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.block(x)
-        return x + out if self.residual else out
-
-
-class TinyMobileNet(nn.Module):
-    """MobileNetV3-style: inverted residuals with depthwise convolutions, squeeze-excite, hardswish, ReLU6."""
-
-    def __init__(self, classes: int = 10) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6())
-        self.blocks = nn.Sequential(
-            _InvertedResidual(16, 16, 2, 1, se=True),
-            _InvertedResidual(16, 24, 3, 2, se=False),
-            _InvertedResidual(24, 24, 3, 1, se=True),
-        )
-        self.head = nn.Sequential(nn.Conv2d(24, 64, 1, bias=False), nn.BatchNorm2d(64), nn.Hardswish())
-        self.fc = nn.Linear(64, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.head(self.blocks(self.stem(x)))
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+# TinyMobileNet (with its _SqueezeExcite and _InvertedResidual) is defined in the benchmark's models.py, imported
+# above: the device suite trains it too.
 
 
 class _ResBlock(nn.Module):
@@ -501,10 +458,8 @@ MEMBERS: list[Member] = [
     # Encoders
     Member(  # token_type_ids and a padding attention mask (two of three sequences padded)
         "bert_seq_cls", "encoder",
-        _hf("BertForSequenceClassification", "BertConfig", _BERT_KEYS, "sdpa", vocab_size=VOCAB, hidden_size=32,
-            intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=32,
-            type_vocab_size=2, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-            classifier_dropout=0.0),
+        # The config is the benchmark's (its device suite trains it as bert-s); its vocabulary is VOCAB.
+        _hf("BertForSequenceClassification", "BertConfig", _BERT_KEYS, "sdpa", **TINY_BERT_CONFIG),
         _bert_data, _loss_attr,
     ),
     Member(  # disentangled attention with relative position buckets. The loss comes from the logits:

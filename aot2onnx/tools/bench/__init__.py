@@ -26,7 +26,7 @@ __all__ = ["CONTENDERS", "MODELS", "main", "render_markdown", "run_suite"]
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m aot2onnx bench", description=__doc__.split("\n\n")[0])
-    suite = [n for n, s in MODELS.items() if s.in_suite]
+    suite = [n for n, s in MODELS.items() if s.suite == "main"]
     p.add_argument("--models", default=",".join(suite),
                    help=f"comma-separated, from {', '.join(MODELS)} (default: {','.join(suite)})")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated (default: all)")
