@@ -27,7 +27,9 @@ class Options:
         opset: The ONNX opset the models target: 18 (the default), or a newer one at which the installed
             ONNX Runtime runs every op it runs at 18 (``aot2onnx.runtime.kernels.newest_runnable_opset``).
         intra_op_num_threads: ONNX Runtime's intra-op thread count; 0 means ``torch.get_num_threads()``,
-            so ONNX Runtime and torch share the same cores the same way.
+            so ONNX Runtime and torch share the same cores the same way, or one thread for a CPU graph
+            that runs faster on one: measured on the graph's first calls (``runtime/session.py``,
+            "Threads per graph").
         inter_op_num_threads: ONNX Runtime's inter-op thread count.
         graph_optimization_level: One of ``disable``, ``basic``, ``extended``, ``layout``, ``all``.
         allow_spinning: Whether ONNX Runtime's idle intra-op threads spin. Off by default: spinning

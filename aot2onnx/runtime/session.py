@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import re
+import statistics
 import threading
 import time
 import weakref
@@ -23,7 +24,7 @@ from aot2onnx.options import Options
 from aot2onnx.runtime.nchwc import DOMAIN as NCHWC
 from aot2onnx.runtime.nchwc import rewrite_convolutions
 from aot2onnx.runtime.precision import compute_in_float
-from aot2onnx.signature import GraphKind, GraphSignature, InputKind, OutputKind
+from aot2onnx.signature import RANDOM_OPS, GraphKind, GraphSignature, InputKind, OutputKind
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +143,9 @@ def _share_cpu_arena() -> None:
         _arena_registered = True
 
 
-def session_options(options: Options) -> ort.SessionOptions:
+def session_options(options: Options, intra_op_threads: int | None = None) -> ort.SessionOptions:
     so = ort.SessionOptions()
-    so.intra_op_num_threads = options.intra_op_num_threads or torch.get_num_threads()
+    so.intra_op_num_threads = intra_op_threads or options.intra_op_num_threads or torch.get_num_threads()
     so.inter_op_num_threads = options.inter_op_num_threads
     so.graph_optimization_level = _OPT_LEVELS[options.graph_optimization_level]
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning else "0")
@@ -265,6 +266,72 @@ def _expand_elimination(model: onnx.ModelProto) -> list[str]:
     return []
 
 
+# Threads per graph, measured: a graph of many small kernels can run faster on one thread than on several,
+# each of its parallel kernels waking the pool's other threads (idle threads do not spin, see Options). With
+# the thread count left to aot2onnx, a CPU graph's calls after the first _TRIAL_WARMUP alternate between its
+# session and one on a single thread, and after _TRIAL_RUNS timed runs of each the graph keeps the one
+# thread where that is faster by _TRIAL_MARGIN. Measured on the benchmark's device-scale suite, 2 cores: see
+# BENCHMARKS.md. Graphs with random ops are left out: each session's kernels keep their own generator, so a
+# second session would start the same dropout masks over.
+_TRIAL_WARMUP = 2
+_TRIAL_RUNS = 5
+_TRIAL_MARGIN = 0.95
+
+
+@dataclasses.dataclass
+class _ThreadTrial:
+    model_bytes: bytes
+    disabled_optimizers: list[str]
+    options: ort.SessionOptions  # the first session's, whose profiling settings the second one keeps
+    calls: int = 0
+    other: _Runner | None = None
+    mine_s: list[float] = dataclasses.field(default_factory=list)
+    other_s: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def threads(self) -> int:
+        return self.options.intra_op_num_threads
+
+
+@dataclasses.dataclass
+class _Runner:
+    """A session and the binding state that goes with it."""
+
+    session: Any
+    binding: Any
+    ort_run: Any
+    bound: dict
+
+    def fields(self) -> tuple[Any, Any, Any, dict]:
+        return self.session, self.binding, self.ort_run, self.bound
+
+    @staticmethod
+    def create(trial: _ThreadTrial, options: Options, device: Any) -> _Runner:
+        so = session_options(options, intra_op_threads=1)
+        if trial.options.enable_profiling:
+            so.enable_profiling = True
+            so.profile_file_prefix = trial.options.profile_file_prefix
+        session = ort.InferenceSession(trial.model_bytes, sess_options=so, providers=["CPUExecutionProvider"],
+                                       disabled_optimizers=trial.disabled_optimizers)
+        return _Runner(session, session.io_binding()._iobinding, session._sess.run_with_iobinding, {})
+
+
+def _thread_trial_applies(model: onnx.ModelProto, options: Options, providers: list[Any],
+                          sess_options: ort.SessionOptions) -> bool:
+    if options.intra_op_num_threads or sess_options.intra_op_num_threads <= 1:
+        return False
+    if providers != ["CPUExecutionProvider"]:
+        return False
+    graphs = [model.graph, *(f for f in model.functions)]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            if node.domain in ("", "ai.onnx") and node.op_type in RANDOM_OPS:
+                return False
+            graphs += [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+    return True
+
+
 class OrtGraph:
     """A lowered graph and its session: a boxed callable for AOTAutograd's runtime wrappers.
 
@@ -304,6 +371,7 @@ class OrtGraph:
         # step, so most inputs need no new binding.
         self._bound: dict[str, tuple[int, tuple[int, ...], int]] = {}
         self._session = None
+        self._trial: _ThreadTrial | None = None
         self.nchwc_convolutions = 0  # Conv nodes moved to ONNX Runtime's blocked layout (nchwc.py)
         self.float32_nodes = 0  # low-precision nodes computed in float32, having no kernel (precision.py)
         if self._onnx_outputs:
@@ -317,10 +385,14 @@ class OrtGraph:
                 if providers == ["CPUExecutionProvider"]:
                     # bfloat16 nodes (autocast) ONNX Runtime's CPU provider has no kernel for: in float32.
                     model, self.float32_nodes = compute_in_float(model)
+                model_bytes = model.SerializeToString()
+                disabled = _disabled_optimizers(model)
+                sess_options = session_options(options)
                 self._session = ort.InferenceSession(
-                    model.SerializeToString(), sess_options=session_options(options), providers=providers,
-                    disabled_optimizers=_disabled_optimizers(model),
+                    model_bytes, sess_options=sess_options, providers=providers, disabled_optimizers=disabled,
                 )
+                if _thread_trial_applies(model, options, providers, sess_options):
+                    self._trial = _ThreadTrial(model_bytes, disabled, sess_options)
             except RuntimeSessionError:
                 raise
             except Exception as e:
@@ -336,14 +408,84 @@ class OrtGraph:
             "cuda" if device.type == "cuda" else "cpu", device.index or 0
         )._get_c_device()
         self._lock = threading.Lock()
+        self._trial_lock = threading.Lock()
+        # What the thread trial measured, once settled: the threads it started with, and the median run
+        # time on them and on one thread.
+        self.thread_trial: dict[str, float] | None = None
         with _registry_lock:
             _COMPILED.append(weakref.ref(self))
 
     def __call__(self, args: list[Any]) -> list[Any]:
+        if self._trial is not None:
+            return self._trial_call(args)
         profile = _profile
         if profile is not None:  # inside profiling(); off, this check is all the hook costs
             return self._profiled_call(args, profile)
         return self._call(args, self._ort_run)
+
+    def _trial_call(self, args: list[Any]) -> list[Any]:
+        """A call while the graph's thread count is being chosen (:class:`_ThreadTrial`)."""
+        with self._trial_lock:
+            trial = self._trial
+            if trial is None:  # decided while this call waited
+                return self(args)
+            trial.calls += 1
+            if trial.calls <= _TRIAL_WARMUP:
+                profile = _profile
+                return self._call(args, self._ort_run) if profile is None else self._profiled_call(args, profile)
+            if trial.other is None:
+                try:
+                    trial.other = _Runner.create(trial, self.options, self._ort_device)
+                except Exception as e:  # the trial is an optimization: keep the session there is
+                    logger.debug("aot2onnx: no one-thread session for graph %s: %s", self.name, e)
+                    self._trial = None
+                    return self._call(args, self._ort_run)
+            mine = _Runner(self._session, self._binding, self._ort_run, self._bound)
+            use_other = trial.calls % 2 == 1
+            if use_other:
+                self._session, self._binding, self._ort_run, self._bound = trial.other.fields()
+            clock = time.perf_counter
+            run_s = 0.0
+            ort_run = self._ort_run
+
+            def timed_run(binding: Any, run_options: Any) -> None:
+                nonlocal run_s
+                start = clock()
+                try:
+                    ort_run(binding, run_options)
+                finally:
+                    run_s += clock() - start
+
+            start = clock()
+            try:
+                return self._call(args, timed_run)
+            finally:
+                call_s = clock() - start
+                if _profile is not None:
+                    _profile.calls.append(GraphCall(self.name, self.kind, call_s, run_s))
+                if use_other:
+                    trial.other = _Runner(self._session, self._binding, self._ort_run, self._bound)
+                    self._session, self._binding, self._ort_run, self._bound = mine.fields()
+                    if trial.calls > _TRIAL_WARMUP + 1:  # the other session's first run warms it up
+                        trial.other_s.append(run_s)
+                else:
+                    trial.mine_s.append(run_s)
+                if min(len(trial.other_s), len(trial.mine_s)) >= _TRIAL_RUNS:
+                    self._settle(trial)
+
+    def _settle(self, trial: _ThreadTrial) -> None:
+        """Keeps the faster session of the trial, and drops the other."""
+        mine, other = statistics.median(trial.mine_s), statistics.median(trial.other_s)
+        self.thread_trial = {"threads": trial.threads, "median_run_s": mine, "one_thread_median_run_s": other}
+        if other < _TRIAL_MARGIN * mine:
+            assert trial.other is not None
+            self._session, self._binding, self._ort_run, self._bound = trial.other.fields()
+        self._trial = None
+
+    @property
+    def intra_op_threads(self) -> int | None:
+        """The intra-op thread count of the session the graph runs on now (None without a session)."""
+        return None if self._session is None else self._session.get_session_options().intra_op_num_threads
 
     def _profiled_call(self, args: list[Any], profile: Profile) -> list[Any]:
         """The call, timed whole and around ONNX Runtime's run, recorded in ``profile``."""

@@ -1,0 +1,97 @@
+"""Threads per graph, measured (runtime/session.py): with the thread count left to aot2onnx, a CPU graph's
+first calls alternate between its session and a one-thread one, and the graph keeps the faster. Whichever it
+keeps, training matches eager; the trial stays out of graphs with random ops and of explicit thread counts.
+Speed is not tested here: the benchmark reports what the trial gives."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import aot2onnx
+from aot2onnx.runtime import session
+
+STEPS = session._TRIAL_WARMUP + 2 * session._TRIAL_RUNS + 3  # past the trial's end
+
+
+@pytest.fixture
+def two_threads():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _train(model: nn.Module, compiled, steps: int, dropout_seed: int | None = None) -> list[float]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x = torch.randn(32, 16, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(32, 4, generator=torch.Generator().manual_seed(2))
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.LayerNorm(64), nn.Linear(64, 4))
+
+
+@pytest.mark.parametrize("keeps", ["measured", "one thread", "all threads"])
+def test_training_matches_eager_whichever_session_the_trial_keeps(keeps, two_threads, monkeypatch):
+    # The margin decides: 0 keeps the first session whatever was measured, a huge one the one-thread session.
+    if keeps != "measured":
+        monkeypatch.setattr(session, "_TRIAL_MARGIN", 1e9 if keeps == "one thread" else 0.0)
+    aot2onnx.reset_compiled_graphs()
+    eager_model = _model()
+    compiled_model = copy.deepcopy(eager_model)
+    eager = _train(eager_model, eager_model, STEPS)
+    compiled = _train(compiled_model, torch.compile(compiled_model, backend="aot2onnx"), STEPS)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    for a, b in zip(compiled_model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    graphs = [g for g in aot2onnx.compiled_graphs() if g.session is not None]
+    assert len(graphs) == 2
+    for g in graphs:
+        assert g.thread_trial is not None, g  # settled
+        assert g.thread_trial["threads"] == 2
+        assert g.thread_trial["median_run_s"] > 0 and g.thread_trial["one_thread_median_run_s"] > 0
+        if keeps == "one thread":
+            assert g.intra_op_threads == 1
+        elif keeps == "all threads":
+            assert g.intra_op_threads == 2
+        else:
+            faster = g.thread_trial["one_thread_median_run_s"] < session._TRIAL_MARGIN * g.thread_trial["median_run_s"]
+            assert g.intra_op_threads == (1 if faster else 2)
+
+
+def test_no_trial_for_an_explicit_thread_count_or_one_torch_thread(two_threads):
+    aot2onnx.reset_compiled_graphs()
+    model = _model()
+    _train(model, torch.compile(model, backend="aot2onnx", options={"intra_op_num_threads": 2}), STEPS)
+    torch.set_num_threads(1)
+    model = _model()
+    _train(model, torch.compile(model, backend="aot2onnx"), STEPS)
+    graphs = [g for g in aot2onnx.compiled_graphs() if g.session is not None]
+    assert len(graphs) == 4
+    assert all(g.thread_trial is None for g in graphs)
+    assert sorted(g.intra_op_threads for g in graphs) == [1, 1, 2, 2]
+
+
+def test_no_trial_for_a_graph_with_random_ops(two_threads):
+    # A second session would replay the first one's dropout masks from the start: its kernels keep their own
+    # generators, seeded alike.
+    aot2onnx.reset_compiled_graphs()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Dropout(0.5), nn.Linear(64, 4))
+    _train(model, torch.compile(model, backend="aot2onnx"), STEPS)
+    forward = [g for g in aot2onnx.compiled_graphs() if g.kind == "forward"]
+    assert len(forward) == 1 and forward[0].op_counts["Dropout"] == 1
+    assert forward[0].thread_trial is None and forward[0].intra_op_threads == 2
