@@ -17,55 +17,85 @@ import subprocess
 import sys
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-__all__ = ["CONTENDERS", "LEARNING_RATE", "Runner", "failure", "run_in_fresh_process"]
+__all__ = ["CONTENDERS", "LEARNING_RATE", "OPTIMIZERS", "Runner", "failure", "run_in_fresh_process"]
 
 CONTENDERS = ("eager", "inductor", "aot2onnx")
 LEARNING_RATE = 1e-3
 
+OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]] = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=LEARNING_RATE),
+    "sgd-momentum": lambda params: torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=LEARNING_RATE),
+}
 
-def _loss_function(model: nn.Module, loss_fn: Callable, tag: str) -> Callable:
-    """``loss_fn(model(x), y)`` as a function with a code object of its own.
+
+def _own_code(fn: Callable, name: str) -> Callable:
+    """``fn`` (a closure) as a function with a code object of its own, named ``name``.
 
     Dynamo caches compiled frames per code object: two backends compiling one function would share one
     cache (and its recompile limit), and each call would check the other backend's guards first.
     """
+    code = fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, None, fn.__closure__)
+
+
+def _loss_function(model: nn.Module, loss_fn: Callable, tag: str) -> Callable:
+    """``loss_fn(model(x), y)`` as a function of its own (:func:`_own_code`)."""
 
     def step_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return loss_fn(model(x), y)
 
-    code = step_loss.__code__.replace(co_name=f"step_loss_{tag}")
-    return types.FunctionType(code, step_loss.__globals__, code.co_name, None, step_loss.__closure__)
+    return _own_code(step_loss, f"step_loss_{tag}")
+
+
+def _optimizer_step(opt: torch.optim.Optimizer, tag: str) -> Callable[[], None]:
+    """``opt.step()`` as a function of its own (:func:`_own_code`), for ``torch.compile``."""
+
+    def optimizer_step() -> None:
+        opt.step()
+
+    return _own_code(optimizer_step, f"optimizer_step_{tag}")
 
 
 class Runner:
-    """One contender training one model: compiles lazily, on the first step, as torch.compile does."""
+    """One contender training one model: compiles lazily, on the first step, as torch.compile does.
+
+    ``options`` go to the compiling contender's backend (``torch.compile(..., options=options)``);
+    ``compile_optimizer`` compiles the optimizer step with the same backend and options; ``optimizer`` is a
+    key of :data:`OPTIMIZERS`. ``tag`` names the compiled functions (:func:`_own_code`): runners that compile
+    side by side in one process need different tags.
+    """
 
     def __init__(self, contender: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable,
-                 tag: str = "") -> None:
+                 tag: str = "", *, options: dict[str, Any] | None = None, compile_optimizer: bool = False,
+                 optimizer: str = "sgd") -> None:
+        if contender not in CONTENDERS:
+            raise ValueError(f"unknown contender {contender!r}; known: {CONTENDERS}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r}; known: {tuple(OPTIMIZERS)}")
+        if contender == "eager" and (options or compile_optimizer):
+            raise ValueError("eager compiles nothing: options and compile_optimizer need a compiling contender")
         self.contender = contender
         self.model = model.train()
         self.x, self.y = x, y
-        fn = _loss_function(model, loss_fn, tag or contender.replace("-", "_"))
-        if contender == "eager":
-            self.fn = fn
-        elif contender == "inductor":
-            self.fn = torch.compile(fn, backend="inductor")
-        elif contender == "aot2onnx":
-            self.fn = torch.compile(fn, backend="aot2onnx")
-        else:
-            raise ValueError(f"unknown contender {contender!r}; known: {CONTENDERS}")
-        self.opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+        tag = tag or contender.replace("-", "_")
+        fn = _loss_function(model, loss_fn, tag)
+        self.fn = fn if contender == "eager" else torch.compile(fn, backend=contender, options=options or None)
+        self.opt = OPTIMIZERS[optimizer](model.parameters())
+        self.opt_step: Callable[[], Any] = self.opt.step
+        if compile_optimizer:
+            self.opt_step = torch.compile(_optimizer_step(self.opt, tag), backend=contender, options=options or None)
 
     def step(self) -> None:
         self.opt.zero_grad(set_to_none=True)
         self.fn(self.x, self.y).backward()
-        self.opt.step()
+        self.opt_step()
 
     def timed_step(self) -> tuple[float, float, float, float, float]:
         """Seconds for (the whole step, zero_grad, forward with the loss, backward, optimizer step)."""
@@ -77,15 +107,17 @@ class Runner:
         t2 = clock()
         loss.backward()
         t3 = clock()
-        self.opt.step()
+        self.opt_step()
         t4 = clock()
         return t4 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3
 
 
 def failure(e: BaseException) -> str:
     """An exception as one short line for the report (a failing contender is reported, not fatal)."""
-    text = str(e).strip().splitlines()
+    text = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     first = text[0] if text else ""
+    if first.endswith(":") and len(text) > 1:  # Dynamo's "backend='aot2onnx' raised:", the reason below it
+        first += " " + text[1]
     reason = (f"{type(e).__name__}: {first}" if first else type(e).__name__).replace("|", "/")
     return reason if len(reason) <= 160 else reason[:157] + "..."
 
