@@ -5,7 +5,9 @@ training step, and the fresh-process worker: it imports nothing of aot2onnx), ``
 processes, the alternating rounds, the breakdown of aot2onnx's step), ``report.py`` (``BENCHMARKS.md`` and
 the chart). What the timings mean is written in the report's Method section (``report._method``).
 
-Run ``python -m aot2onnx bench --help`` for the options; ``make bench`` runs the full suite.
+Two suites: "main" (the models the issue's first targets were set on) and "device" (smaller models at the batches
+a device trains with), where each of ``timing.LEVERS`` is also timed against aot2onnx's default. Run
+``python -m aot2onnx bench --help`` for the options; ``make bench`` runs both suites in full.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from aot2onnx.tools.bench.models import MODELS
+from aot2onnx.tools.bench.models import MODELS, SUITES
 from aot2onnx.tools.bench.report import findings_link, render_markdown, write_chart
 from aot2onnx.tools.bench.timing import run_suite
 from aot2onnx.tools.bench.worker import CONTENDERS
@@ -26,9 +28,12 @@ __all__ = ["CONTENDERS", "MODELS", "main", "render_markdown", "run_suite"]
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m aot2onnx bench", description=__doc__.split("\n\n")[0])
-    suite = [n for n, s in MODELS.items() if s.suite == "main"]
-    p.add_argument("--models", default=",".join(suite),
-                   help=f"comma-separated, from {', '.join(MODELS)} (default: {','.join(suite)})")
+    p.add_argument("--suites", default=",".join(SUITES),
+                   help=f"comma-separated suites to run, from {', '.join(SUITES)} (default: all): "
+                   + "; ".join(f"{suite}: {', '.join(n for n, s in MODELS.items() if s.suite == suite)}"
+                               for suite in SUITES))
+    p.add_argument("--models", default="",
+                   help=f"comma-separated, from {', '.join(MODELS)}; overrides --suites")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated (default: all)")
     p.add_argument("--rounds", type=int, default=5, help="rounds of alternating contenders (default 5)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per contender per round (default 20)")
@@ -38,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="steps after the first in each fresh process, for peak RSS (default 10)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads, and so ONNX Runtime's (default 2)")
     p.add_argument("--quick", action="store_true", help="a few steps of everything, for tests")
+    p.add_argument("--levers", action=argparse.BooleanOptionalAction, default=None,
+                   help="on the device suite's models, time each lever (timing.LEVERS) against aot2onnx's default "
+                   "(default: on, off under --quick)")
     p.add_argument("--no-warm-cache", dest="warm_cache", action="store_false",
                    help="skip the second fresh process that measures the first step on warm compile caches")
     p.add_argument("--timeout", type=float, default=1200, help="seconds allowed to each fresh process")
@@ -47,21 +55,32 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The options, with ``--suites`` resolved into models and ``--quick``'s limits applied."""
     parser = _parser()
     args = parser.parse_args(argv)
-    args.argv = argv
-    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    args.argv = list(argv)
+    args.suites = [s.strip() for s in args.suites.split(",") if s.strip()]
+    if not args.suites or any(s not in SUITES for s in args.suites):
+        parser.error(f"unknown or missing suites: {[s for s in args.suites if s not in SUITES]}; known: {SUITES}")
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()] or [
+        name for suite in SUITES if suite in args.suites for name, spec in MODELS.items() if spec.suite == suite]
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = [m for m in args.models if m not in MODELS] + [c for c in args.contenders if c not in CONTENDERS]
     if unknown or not args.models or not args.contenders:
         parser.error(f"unknown or missing models/contenders: {unknown}")
     args.contenders = [c for c in CONTENDERS if c in args.contenders]
+    if args.levers is None:
+        args.levers = not args.quick
     if args.quick:
         args.rounds, args.steps, args.warmup = min(args.rounds, 2), min(args.steps, 3), min(args.warmup, 1)
         args.breakdown_steps, args.process_steps = min(args.breakdown_steps, 3), min(args.process_steps, 2)
         args.warm_cache = False
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(list(sys.argv[1:] if argv is None else argv))
     results = run_suite(args, log=lambda line: print(line, flush=True))
     chart = None
     if args.chart:

@@ -6,13 +6,15 @@ is the median of its per-round ratios, with their range. First-step time (compil
 RSS come from a fresh process per (model, contender) (``worker.py``). For aot2onnx, one step is then split
 into ONNX Runtime's kernel time (from ONNX Runtime's profiler, in a separate copy of the model), ONNX
 Runtime's own overhead, the hand-off between torch and ONNX Runtime, AOTAutograd's wrappers and the
-optimizer step, timed through the runtime's :func:`aot2onnx.runtime.session.profiling` hook.
+optimizer step, timed through the runtime's :func:`aot2onnx.runtime.session.profiling` hook. On the device
+suite, each of :data:`LEVERS` is measured the same way: aot2onnx with the lever against aot2onnx without it.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime
 import gc
 import json
@@ -33,14 +35,39 @@ import aot2onnx
 from aot2onnx.compile.fallback import fallback_graphs
 from aot2onnx.runtime.session import GraphCall, OrtGraph, compiled_graphs, profiling
 from aot2onnx.tools.bench import worker
-from aot2onnx.tools.bench.models import MODELS, make_batch
+from aot2onnx.tools.bench.models import MODELS, SUITES, make_batch
 from aot2onnx.tools.bench.worker import Runner, failure
 
-__all__ = ["SETTLE_S", "run_suite"]
+__all__ = ["LEVERS", "SETTLE_S", "Lever", "run_suite", "suite_group"]
 
 # The pause before each contender's block, so that any thread pool the previous contender woke has gone
 # back to sleep (ONNX Runtime's with spinning off, torch's OpenMP workers after their spin time).
 SETTLE_S = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class Lever:
+    """A way to make aot2onnx's step faster, measured on each model of the device suite against aot2onnx's default.
+
+    ``options`` go to the backend (``torch.compile(fn, backend="aot2onnx", options=options)``);
+    ``compile_optimizer`` compiles the optimizer step through the same backend; ``optimizer`` is a key of
+    :data:`aot2onnx.tools.bench.worker.OPTIMIZERS`, used by both sides of the comparison.
+    """
+
+    name: str
+    description: str
+    options: dict[str, Any]
+    compile_optimizer: bool = False
+    optimizer: str = "sgd"
+
+
+LEVERS = (
+    Lever("compiled-optimizer", "torch.compile(opt.step) through aot2onnx: one graph for all parameters", {},
+          compile_optimizer=True),
+    Lever("one-thread", "ONNX Runtime sessions on one intra-op thread", {"intra_op_num_threads": 1}),
+)
+assert len({lever.name for lever in LEVERS}) == len(LEVERS), "lever names must be unique"
+assert all(lever.optimizer in worker.OPTIMIZERS for lever in LEVERS)
 
 
 def _timed_block(runner: Runner, warmup: int, steps: int) -> list[tuple[float, ...]]:
@@ -209,9 +236,61 @@ def _median_ratio(num: Sequence[float], den: Sequence[float]) -> dict[str, float
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
+def _alternate(pair: Sequence[Runner], args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    """Per round, each runner's median step over a timed block; the two go first in turn."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for r in range(args.rounds):
+        for k in (0, 1) if r % 2 == 0 else (1, 0):
+            block = _timed_block(pair[k], args.warmup, args.steps)
+            times[k].append(statistics.median(b[0] for b in block))
+    return times
+
+
+def _bench_levers(default: Runner | None, base: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable,
+                  args: argparse.Namespace, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Each of :data:`LEVERS` against aot2onnx's default in alternating rounds, as the contenders are timed.
+
+    ``default`` is the rounds' aot2onnx runner (plain SGD), if it ran; a lever with another optimizer is
+    compared with a default runner of its own, with that optimizer.
+    """
+    defaults: dict[str, Runner] = {"sgd": default} if default is not None else {}
+    out = []
+    for i, lever in enumerate(LEVERS):
+        entry: dict[str, Any] = {"name": lever.name, "description": lever.description, "options": lever.options,
+                                 "compile_optimizer": lever.compile_optimizer, "optimizer": lever.optimizer}
+        out.append(entry)
+        log(f"  lever {lever.name}: compiling, then {args.rounds} alternating rounds against aot2onnx's default ...")
+        try:
+            if lever.optimizer not in defaults:
+                tag = "aot2onnx_" + lever.optimizer.replace("-", "_")
+                runner = Runner("aot2onnx", copy.deepcopy(base), x, y, loss_fn, tag=tag, optimizer=lever.optimizer)
+                runner.step()
+                defaults[lever.optimizer] = runner
+            before, fallbacks_before = _graph_ids(), {id(g) for g in fallback_graphs()}
+            mine = Runner("aot2onnx", copy.deepcopy(base), x, y, loss_fn, tag=f"aot2onnx_lever_{i}",
+                          options=lever.options, compile_optimizer=lever.compile_optimizer, optimizer=lever.optimizer)
+            start = time.perf_counter()
+            mine.step()
+            entry["in_process_first_step_s"] = time.perf_counter() - start
+            entry["sessions"] = _session_settings(_new_graphs(before))
+            entry["fallback_graphs"] = sum(1 for g in fallback_graphs() if id(g) not in fallbacks_before)
+            default_times, lever_times = _alternate([defaults[lever.optimizer], mine], args)
+        except Exception as e:
+            entry["error"] = failure(e)
+            log(f"  lever {lever.name}: failed: {entry['error']}")
+            continue
+        entry.update(step_s=statistics.median(lever_times), default_step_s=statistics.median(default_times),
+                     round_step_s=lever_times, default_round_step_s=default_times,
+                     ratio_to_default=_median_ratio(lever_times, default_times))
+        log(f"  lever {lever.name}: {entry['step_s'] * 1e3:.2f} ms against {entry['default_step_s'] * 1e3:.2f} ms")
+    return out
+
+
 def _bench_model(name: str, args: argparse.Namespace, cache_root: str, log: Callable[[str], None]) -> dict[str, Any]:
     contenders = list(args.contenders)
-    result: dict[str, Any] = {"name": name, "title": MODELS[name].title, "contenders": {}}
+    spec = MODELS[name]
+    result: dict[str, Any] = {"name": name, "title": spec.title, "suite": spec.suite, "transformer": spec.transformer,
+                              "contenders": {}}
     per = result["contenders"]
     for contender in contenders:
         per[contender] = {}
@@ -299,6 +378,10 @@ def _bench_model(name: str, args: argparse.Namespace, cache_root: str, log: Call
                                              args.breakdown_steps)
         except Exception as e:
             result["breakdown"] = {"error": failure(e)}
+    if args.levers and spec.suite == "device":
+        levers_start = _cpu_snapshot()
+        result["levers"] = _bench_levers(runners.get("aot2onnx"), base, x, y, loss_fn, args, log)
+        result["others_cores_levers"] = _others_cores(levers_start)
     runners.clear()
     torch._dynamo.reset()
     return result
@@ -378,7 +461,7 @@ def run_suite(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
         "command": "python -m aot2onnx bench " + " ".join(args.argv),
         "machine": _machine(args.threads), "versions": _versions(), "load_start": _load(),
         "settings": {k: getattr(args, k) for k in ("rounds", "steps", "warmup", "breakdown_steps",
-                                                      "process_steps", "threads", "quick")},
+                                                      "process_steps", "threads", "quick", "levers")},
         "contenders": list(args.contenders), "models": [],
     }
     saved_env = {k: os.environ.get(k) for k in _cache_env("")}
@@ -403,11 +486,25 @@ def _geomean(values: Sequence[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
-def _summary(results: dict[str, Any]) -> dict[str, Any]:
-    summary: dict[str, Any] = {"geomean_ratio_to_eager": {}}
+def suite_group(model: dict[str, Any]) -> str:
+    """The suite a model's figures are reported with: its own, or the main suite's for a model outside the
+    suites (the tests' tiny model stands in for the main suite)."""
+    return model.get("suite") or SUITES[0]
+
+
+def _geomeans(results: dict[str, Any], suite: str) -> dict[str, float]:
+    """Per contender, the geometric mean over ``suite``'s models of the ratio to eager (all of them or none)."""
+    models = [m for m in results["models"] if suite_group(m) == suite]
+    out = {}
     for contender in results["contenders"]:
-        ratios = [m["contenders"][contender].get("ratio_to_eager", {}) or {} for m in results["models"]]
-        medians = [r.get("median") for r in ratios]
+        medians = [(m["contenders"][contender].get("ratio_to_eager") or {}).get("median") for m in models]
         if contender != "eager" and medians and all(medians):
-            summary["geomean_ratio_to_eager"][contender] = _geomean(medians)
-    return summary
+            out[contender] = _geomean(medians)
+    return out
+
+
+def _summary(results: dict[str, Any]) -> dict[str, Any]:
+    present = [suite for suite in SUITES if any(suite_group(m) == suite for m in results["models"])]
+    by_suite = {suite: _geomeans(results, suite) for suite in present}
+    # geomean_ratio_to_eager: the main suite's, the figure the issue's first targets are set on.
+    return {"geomean_ratio_to_eager": by_suite.get(SUITES[0], {}), "geomean_by_suite": by_suite}
