@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import math
@@ -15,16 +16,17 @@ import pytest
 import torch
 
 from aot2onnx.__main__ import main as aot2onnx_main
+from aot2onnx.options import Options
 from aot2onnx.tools import bench
-from aot2onnx.tools.bench import models, report, worker
+from aot2onnx.tools.bench import models, report, timing, worker
 
 REPO = pathlib.Path(__file__).parents[1]
 
 
-def _run(tmp_path, contenders: str) -> tuple[dict, str]:
+def _run(tmp_path, contenders: str, names: str = "tiny", extra: tuple[str, ...] = ()) -> tuple[dict, str]:
     out, data, chart = tmp_path / "BENCHMARKS.md", tmp_path / "bench.json", tmp_path / "chart.png"
-    argv = ["--models", "tiny", "--contenders", contenders, "--quick", "--out", str(out), "--json", str(data),
-            "--chart", str(chart) if _has_matplotlib() else ""]
+    argv = ["--models", names, "--contenders", contenders, "--quick", "--out", str(out), "--json", str(data),
+            "--chart", str(chart) if _has_matplotlib() else "", *extra]
     assert bench.main(argv) == 0
     results = json.loads(data.read_text())
     text = out.read_text()
@@ -42,11 +44,16 @@ def _has_matplotlib() -> bool:
     return True
 
 
-def test_quick_bench_report_structure(tmp_path):
-    results, text = _run(tmp_path, "eager,aot2onnx")
+def test_quick_bench_report_structure(tmp_path, monkeypatch):
+    # tiny stands in for the main suite, mlp-s (the device suite's cheapest) for the device suite. One lever of
+    # LEVERS, and one that fails (an option aot2onnx does not know), in two short rounds.
+    one_thread = next(lever for lever in timing.LEVERS if lever.name == "one-thread")
+    broken = timing.Lever("no-such-option", "an option aot2onnx does not know", {"no_such_option": 1})
+    monkeypatch.setattr(timing, "LEVERS", (one_thread, broken))
+    results, text = _run(tmp_path, "eager,aot2onnx", "tiny,mlp-s", ("--levers", "--rounds", "2"))
     assert results["contenders"] == ["eager", "aot2onnx"]
-    (model,) = results["models"]
-    assert model["name"] == "tiny"
+    model, small = results["models"]
+    assert (model["name"], model["suite"], small["name"], small["suite"]) == ("tiny", None, "mlp-s", "device")
     for name in ("eager", "aot2onnx"):
         entry = model["contenders"][name]
         assert "error" not in entry, entry
@@ -59,8 +66,11 @@ def test_quick_bench_report_structure(tmp_path):
     per_round = [a / e for a, e in zip(aot, eager)]
     assert model["contenders"]["aot2onnx"]["ratio_to_eager"] == pytest.approx(
         {"median": statistics.median(per_round), "min": min(per_round), "max": max(per_round)})
-    # One model: the suite's geometric mean is that model's ratio.
+    # One model per suite: each suite's geometric mean is its model's ratio; tiny is reported with the main suite.
     assert results["summary"]["geomean_ratio_to_eager"]["aot2onnx"] == pytest.approx(statistics.median(per_round))
+    assert results["summary"]["geomean_by_suite"] == {
+        "main": results["summary"]["geomean_ratio_to_eager"],
+        "device": {"aot2onnx": pytest.approx(small["contenders"]["aot2onnx"]["ratio_to_eager"]["median"])}}
     for key in ("others_cores_rounds", "others_cores_fresh"):  # the noise on the machine, read from /proc/stat
         assert model[key] is not None and math.isfinite(model[key]), key
 
@@ -91,6 +101,33 @@ def test_quick_bench_report_structure(tmp_path):
     for target in ("<= 0.75 of eager's", "<= 1.1x eager's"):
         assert target in text
 
+    # The device suite: its own summary table and targets, and the levers, measured on mlp-s only.
+    assert "levers" not in model and "error" not in small["contenders"]["aot2onnx"], small["contenders"]
+    lever, failed = small["levers"]
+    assert lever["name"] == "one-thread" and "error" not in lever, lever
+    assert len(lever["round_step_s"]) == len(lever["default_round_step_s"]) == 2
+    per_round = [a / d for a, d in zip(lever["round_step_s"], lever["default_round_step_s"])]
+    assert lever["ratio_to_default"] == pytest.approx(
+        {"median": statistics.median(per_round), "min": min(per_round), "max": max(per_round)})
+    # The lever took effect: its sessions read back one intra-op thread. (The default's may too: aot2onnx
+    # measures per graph whether one thread is faster.)
+    assert lever["sessions"]["intra_op_threads"] == [1] and lever["sessions"]["sessions"] >= 2
+    assert "raised: TypeError: unknown aot2onnx option(s) ['no_such_option']" in failed["error"], failed
+    assert small["others_cores_levers"] is not None
+    for line in ("### Main suite", "### Device-scale suite", "over the device-scale suite: aot2onnx **",
+                 "| Device-scale suite: aot2onnx step time <= eager's, geometric mean over the suite |",
+                 "| Main suite: no model above 1.2x eager (aot2onnx / eager) | tiny ",
+                 "| Device-scale suite: no model above 1.2x eager (aot2onnx / eager) | mlp-s ",
+                 "## Levers (device suite)",
+                 "**Levers (device suite): step time with the lever / aot2onnx's default**",
+                 "| lever | what it does | mlp-s |",
+                 f"| one-thread | ONNX Runtime sessions on one intra-op thread | {report._ratio(lever['ratio_to_default'])} |",
+                 "| no-such-option | an option aot2onnx does not know | failed: BackendCompilerFailed: "
+                 "backend='aot2onnx' raised: TypeError: unknown aot2onnx option(s)",
+                 "Levers, step time with the lever / aot2onnx's default", "Levers, on each device-suite model"):
+        assert line in text, line
+    assert text.index("## Targets") < text.index("## Levers (device suite)") < text.index("## Per model")
+
     # A target not met: the report says where the step loses and links the findings, from the report's folder.
     model["contenders"]["aot2onnx"]["ratio_to_eager"]["median"] = 2.0
     link = report.findings_link(str(tmp_path / "BENCHMARKS.md"))
@@ -99,6 +136,13 @@ def test_quick_bench_report_structure(tmp_path):
     assert f"[docs/benchmark-findings.md]({link})" in slow
     assert (tmp_path / link).resolve() == REPO / "docs" / "benchmark-findings.md"
     assert "`docs/benchmark-findings.md` in aot2onnx's source tree" in bench.render_markdown(results, None, None)
+    # On the device suite a step loses above eager's (not above 0.75 of it), and above 1.2x misses a target.
+    small["contenders"]["aot2onnx"]["ratio_to_eager"]["median"] = 0.9
+    assert "- Step time, mlp-s" not in bench.render_markdown(results)
+    small["contenders"]["aot2onnx"]["ratio_to_eager"]["median"] = 1.3
+    slow = bench.render_markdown(results)
+    assert "- Step time, mlp-s: aot2onnx" in slow
+    assert "| Device-scale suite: no model above 1.2x eager (aot2onnx / eager) | mlp-s 1.30 | **not met** |" in slow
 
 
 def test_failing_contender_is_reported_not_fatal(tmp_path, monkeypatch):
@@ -166,6 +210,54 @@ def test_the_command_line_runs_the_bench_package(capsys):
         aot2onnx_main(["bench", "--models", "nosuch"])
     assert info.value.code == 2
     assert "unknown or missing models/contenders: ['nosuch']" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        aot2onnx_main(["bench", "--suites", "main,nosuch"])
+    assert info.value.code == 2
+    assert "unknown or missing suites: ['nosuch']" in capsys.readouterr().err
+
+
+def test_suites_and_levers_options():
+    main = [n for n, s in models.MODELS.items() if s.suite == "main"]
+    device = [n for n, s in models.MODELS.items() if s.suite == "device"]
+    assert main == ["mlp", "encoder", "encoder-dropout", "cnn", "gpt"]
+    args = bench._parse([])  # make bench: both suites, levers on
+    assert args.models == main + device and args.levers is True
+    assert bench._parse(["--suites", "device"]).models == device
+    assert bench._parse(["--suites", "device", "--models", "tiny,mlp"]).models == ["tiny", "mlp"]  # --models wins
+    assert bench._parse(["--quick"]).levers is False
+    assert bench._parse(["--quick", "--levers"]).levers is True
+    assert bench._parse(["--no-levers"]).levers is False
+
+
+def test_levers_and_optimizers_are_well_formed():
+    assert [lever.name for lever in timing.LEVERS][:2] == ["compiled-optimizer", "one-thread"]
+    for lever in timing.LEVERS:
+        Options.from_mapping(lever.options)  # options aot2onnx knows, with valid values
+        assert lever.optimizer in worker.OPTIMIZERS and lever.description, lever
+    model, x, y, loss_fn = models.make_batch("tiny")
+    kinds = {name: worker.Runner("eager", model, x, y, loss_fn, optimizer=name).opt for name in worker.OPTIMIZERS}
+    assert type(kinds["sgd"]) is torch.optim.SGD and kinds["sgd"].defaults["momentum"] == 0
+    assert type(kinds["sgd-momentum"]) is torch.optim.SGD and kinds["sgd-momentum"].defaults["momentum"] == 0.9
+    assert type(kinds["adamw"]) is torch.optim.AdamW
+    assert all(opt.defaults["lr"] == worker.LEARNING_RATE for opt in kinds.values())
+    with pytest.raises(ValueError, match="eager compiles nothing"):
+        worker.Runner("eager", model, x, y, loss_fn, compile_optimizer=True)
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        worker.Runner("eager", model, x, y, loss_fn, optimizer="lion")
+
+
+def test_a_compiled_optimizer_step_updates_like_eager():
+    # The compiled-optimizer lever's runner: the same parameters as eager after two steps, under AdamW (state).
+    base, x, y, loss_fn = models.make_batch("tiny")
+    ours = worker.Runner("aot2onnx", copy.deepcopy(base), x, y, loss_fn, tag="aot2onnx_test_opt",
+                         compile_optimizer=True, optimizer="adamw")
+    eager = worker.Runner("eager", copy.deepcopy(base), x, y, loss_fn, optimizer="adamw")
+    for _ in range(2):
+        ours.step()
+        eager.step()
+    for a, b in zip(ours.model.parameters(), eager.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert ours.opt.state and all(s["step"] == 2 for s in ours.opt.state.values())
 
 
 @pytest.mark.slow

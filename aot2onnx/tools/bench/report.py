@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from aot2onnx.tools.bench.timing import SETTLE_S
+from aot2onnx.tools.bench.models import SUITES
+from aot2onnx.tools.bench.timing import SETTLE_S, suite_group
 
 __all__ = ["FINDINGS", "findings_link", "render_markdown", "write_chart"]
 
@@ -16,6 +17,12 @@ BUSY_CORES = 0.15
 # What the figures do not show by themselves: what was measured while tuning aot2onnx, and what would close
 # each gap. A document of the source tree, which the report links to.
 FINDINGS = "docs/benchmark-findings.md"
+
+SUITE_TITLES = {"main": "Main suite", "device": "Device-scale suite"}
+assert set(SUITE_TITLES) == set(SUITES)
+
+# The device suite's targets: aot2onnx's geometric mean at most eager's, and no model above this ratio to eager.
+DEVICE_MODEL_LIMIT = 1.2
 
 
 def findings_link(report_path: str) -> str | None:
@@ -51,10 +58,44 @@ def _first_step(entry: dict[str, Any], key: str) -> str:
     return f"{run['first_step_s']:.2f}"
 
 
+def _groups(results: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(suite, its models in this run) for each suite this run has models of, in SUITES' order."""
+    groups = [(suite, [m for m in results["models"] if suite_group(m) == suite]) for suite in SUITES]
+    return [(suite, models) for suite, models in groups if models]
+
+
 def _targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(target, figure, met / not met) for each of the issue's targets that this run can judge."""
+    """(target, figure, met / not met) for each of the issue's targets that this run can judge: the first
+    targets over the main suite, then the same three for each suite."""
+    main = [m for m in results["models"] if suite_group(m) == "main"]
+    rows = _main_targets(results, {m["name"]: m for m in main}) if main else []
+    for suite, models in _groups(results):
+        rows += _suite_targets(results, suite, models)
+    return rows
+
+
+def _suite_targets(results: dict[str, Any], suite: str, models: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    contenders, title = results["contenders"], SUITE_TITLES[suite]
+    if "aot2onnx" not in contenders or "eager" not in contenders:
+        return []
+    gm = results["summary"]["geomean_by_suite"].get(suite, {}).get("aot2onnx")
+    rows = [(f"{title}: aot2onnx step time <= eager's, geometric mean over the suite",
+             "-" if gm is None else f"{gm:.2f} of eager's", "-" if gm is None else _met(gm <= 1.0))]
+    ratios = [(m["name"], (m["contenders"]["aot2onnx"].get("ratio_to_eager") or {}).get("median")) for m in models]
+    rows.append((f"{title}: no model above {DEVICE_MODEL_LIMIT}x eager (aot2onnx / eager)",
+                 ", ".join(f"{name} {r:.2f}" if r else f"{name} -" for name, r in ratios),
+                 _met(all(r and r <= DEVICE_MODEL_LIMIT for _, r in ratios))))
+    transformers = [m for m in models if m.get("transformer")]
+    if "inductor" in contenders and transformers:
+        figures = [(m["name"], (m.get("aot2onnx_to_inductor") or {}).get("median")) for m in transformers]
+        rows.append((f"{title}: aot2onnx below inductor on the transformer models (aot2onnx / inductor)",
+                     ", ".join(f"{name} {r:.2f}" if r else f"{name} -" for name, r in figures),
+                     _met(all(r and r < 1.0 for _, r in figures))))
+    return rows
+
+
+def _main_targets(results: dict[str, Any], models: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows = []
-    models = {m["name"]: m for m in results["models"]}
     contenders = results["contenders"]
     if "aot2onnx" in contenders and "eager" in contenders:
         gm = results["summary"]["geomean_ratio_to_eager"].get("aot2onnx")
@@ -165,23 +206,26 @@ def _step_gap(m: dict[str, Any]) -> str | None:
 
 
 def _gaps(results: dict[str, Any]) -> list[str]:
-    """Where each target that is not met loses, from the figures of this run."""
+    """Where each target that is not met loses, from the figures of this run: on the main suite, a step above
+    0.75 of eager's, at or above inductor's, a first step above half of inductor's, peak RSS above 1.1x eager's;
+    on the device suite, a step above eager's, and a transformer model's at or above inductor's."""
     models = results["models"]
+    main = [m for m in models if suite_group(m) == "main"]
     lines = []
-    slow = [m for m in models if (m["contenders"].get("aot2onnx", {}).get("ratio_to_eager") or {}).get("median", 0)
-            > 0.75]
-    for m in slow:
-        gap = _step_gap(m)
-        if gap:
-            lines.append(f"- Step time, {gap}")
+    for m in models:
+        limit = 0.75 if suite_group(m) == "main" else 1.0
+        if (m["contenders"].get("aot2onnx", {}).get("ratio_to_eager") or {}).get("median", 0) > limit:
+            gap = _step_gap(m)
+            if gap:
+                lines.append(f"- Step time, {gap}")
     for m in models:
         r = m.get("aot2onnx_to_inductor")
-        if r and r["median"] >= 1.0:
+        if r and r["median"] >= 1.0 and (suite_group(m) == "main" or m.get("transformer")):
             ind = m["contenders"]["inductor"]
             lines.append(f"- Against inductor, {m['name']}: aot2onnx {_ms(m['contenders']['aot2onnx']['step_s'])} ms, "
                          f"inductor {_ms(ind['step_s'])} ms (forward {_ms(ind['phases_s']['forward'])}, backward "
                          f"{_ms(ind['phases_s']['backward'])} ms).")
-    for m in models:
+    for m in main:
         a = m["contenders"].get("aot2onnx", {})
         i = m["contenders"].get("inductor", {})
         ac, ic = a.get("cold", {}).get("first_step_s"), i.get("cold", {}).get("first_step_s")
@@ -189,7 +233,7 @@ def _gaps(results: dict[str, Any]) -> list[str]:
             warm = a.get("warm", {}).get("first_step_s")
             lines.append(f"- First step, {m['name']}: aot2onnx {ac:.2f} s cold"
                          + (f", {warm:.2f} s on a warm cache" if warm else "") + f"; inductor {ic:.2f} s cold.")
-    for m in models:
+    for m in main:
         a = m["contenders"].get("aot2onnx", {}).get("cold", {})
         e = m["contenders"].get("eager", {}).get("cold", {})
         if a.get("peak_rss_mib") and e.get("peak_rss_mib") and a["peak_rss_mib"] > 1.1 * e["peak_rss_mib"]:
@@ -218,6 +262,64 @@ def _rss_gap(name: str, mine: dict[str, Any], eager: dict[str, Any]) -> str:
     return text + "."
 
 
+def _summary_table(contenders: list[str], models: list[dict[str, Any]]) -> list[str]:
+    header = "| model | " + " | ".join(f"{c} ms" for c in contenders) + " | " + " | ".join(
+        f"{c} / eager" for c in contenders if c != "eager") + " |"
+    lines = [header, "|---|" + "---:|" * (2 * len(contenders) - 1)]
+    for m in models:
+        cells = []
+        for c in contenders:
+            e = m["contenders"][c]
+            cells.append(f"failed: {e['error']}" if "error" in e and "step_s" not in e else _ms(e.get("step_s")))
+        ratios = [_ratio(m["contenders"][c].get("ratio_to_eager")) for c in contenders if c != "eager"]
+        lines.append(f"| {m['name']} | " + " | ".join(cells + ratios) + " |")
+    return lines
+
+
+def _lever_description(lever: dict[str, Any]) -> str:
+    text = lever["description"]
+    if lever["optimizer"] != "sgd":
+        text += f" (optimizer {lever['optimizer']}; the default it is compared with uses it too)"
+    return text
+
+
+def _lever_cell(lever: dict[str, Any]) -> str:
+    if "error" in lever:
+        return f"failed: {lever['error']}"
+    return _ratio(lever.get("ratio_to_default"))
+
+
+def _lever_detail(lever: dict[str, Any]) -> str:
+    text = f"{lever['name']} {_lever_cell(lever)}"
+    if "step_s" in lever:
+        text += f" ({_ms(lever['step_s'])} ms against {_ms(lever['default_step_s'])} ms)"
+        if lever.get("fallback_graphs"):
+            text += f", {lever['fallback_graphs']} graph(s) with nodes in PyTorch"
+    return text
+
+
+def _levers(results: dict[str, Any]) -> list[str]:
+    """The levers table: one row per lever, one column per device-suite model it was measured on."""
+    models = [m for m in results["models"] if m.get("levers")]
+    if not models:
+        return []
+    levers: dict[str, dict[str, Any]] = {}
+    for m in models:
+        for lever in m["levers"]:
+            levers.setdefault(lever["name"], lever)
+    out = ["", "## Levers (device suite)", "",
+           "**Levers (device suite): step time with the lever / aot2onnx's default**, median of the per-round "
+           "ratios [min-max]; below 1.00 the lever makes the step faster. Each lever is timed against aot2onnx "
+           "with default options and the same optimizer, in alternating rounds in the benchmark process (Method).",
+           "", "| lever | what it does | " + " | ".join(m["name"] for m in models) + " |",
+           "|---|---|" + "---:|" * len(models)]
+    for name, lever in levers.items():
+        found = [next((x for x in m["levers"] if x["name"] == name), None) for m in models]
+        cells = ["-" if x is None else _lever_cell(x) for x in found]
+        out.append(f"| {name} | {_lever_description(lever)} | " + " | ".join(cells) + " |")
+    return out
+
+
 def render_markdown(results: dict[str, Any], chart: str | None = None, findings: str | None = None) -> str:
     """The report: summary, targets, a table and a breakdown per model, method, machine and versions.
 
@@ -226,8 +328,9 @@ def render_markdown(results: dict[str, Any], chart: str | None = None, findings:
     """
     machine, versions, settings = results["machine"], results["versions"], results["settings"]
     contenders = results["contenders"]
-    noise = [(m["name"], m.get("others_cores_rounds"), m.get("others_cores_fresh")) for m in results["models"]]
-    busiest = max((v for _, r, f in noise for v in (r, f) if v is not None), default=None)
+    noise = [(m["name"], m.get("others_cores_rounds"), m.get("others_cores_fresh"), m.get("others_cores_levers"))
+             for m in results["models"]]
+    busiest = max((v for _, *values in noise for v in values if v is not None), default=None)
     out = [
         "# Training-step benchmark: eager vs inductor vs aot2onnx",
         "",
@@ -239,8 +342,9 @@ def render_markdown(results: dict[str, Any], chart: str | None = None, findings:
             ("**The machine was busy**: " if busiest > BUSY_CORES else "The machine was quiet: ")
             + "other processes kept this many of its "
             f"{machine['available_cores']} cores busy on average (from /proc/stat, less this process and its "
-            "children) during the timed rounds / the fresh-process runs: "
-            + ", ".join(f"{n} {_cores(r)} / {_cores(f)}" for n, r, f in noise) + "."
+            "children) during the timed rounds / the fresh-process runs (/ the lever rounds): "
+            + ", ".join(f"{n} {_cores(r)} / {_cores(f)}" + ("" if lv is None else f" / {_cores(lv)}")
+                        for n, r, f, lv in noise) + "."
             + (" Other work shared the cores, so these timings are noisy (eager's OpenMP steps suffer most): "
                "rerun `make bench` on a quiet machine." if busiest > BUSY_CORES else ""),
             "",
@@ -250,20 +354,13 @@ def render_markdown(results: dict[str, Any], chart: str | None = None, findings:
     out += ["## Summary", ""]
     if chart:
         out += [f"![step time relative to eager]({chart})", ""]
-    header = "| model | " + " | ".join(f"{c} ms" for c in contenders) + " | " + " | ".join(
-        f"{c} / eager" for c in contenders if c != "eager") + " |"
-    out += [header, "|---|" + "---:|" * (2 * len(contenders) - 1)]
-    for m in results["models"]:
-        cells = []
-        for c in contenders:
-            e = m["contenders"][c]
-            cells.append(f"failed: {e['error']}" if "error" in e and "step_s" not in e else _ms(e.get("step_s")))
-        ratios = [_ratio(m["contenders"][c].get("ratio_to_eager")) for c in contenders if c != "eager"]
-        out.append(f"| {m['name']} | " + " | ".join(cells + ratios) + " |")
-    gm = results["summary"]["geomean_ratio_to_eager"]
-    if gm:
-        out += ["", "Geometric mean of the step-time ratio to eager over the suite: "
-                + ", ".join(f"{c} **{v:.2f}**" for c, v in gm.items()) + " (lower is faster)."]
+    for suite, models in _groups(results):
+        out += [f"### {SUITE_TITLES[suite]}", ""] + _summary_table(contenders, models)
+        gm = results["summary"]["geomean_by_suite"].get(suite)
+        if gm:
+            out += ["", f"Geometric mean of the step-time ratio to eager over the {SUITE_TITLES[suite].lower()}: "
+                    + ", ".join(f"{c} **{v:.2f}**" for c, v in gm.items()) + " (lower is faster)."]
+        out += [""]
     targets = _targets(results)
     if targets:
         out += ["", "## Targets", "", "| target | figure | |", "|---|---|---|"]
@@ -273,6 +370,7 @@ def render_markdown(results: dict[str, Any], chart: str | None = None, findings:
             where = f"[{FINDINGS}]({findings})" if findings else f"`{FINDINGS}` in aot2onnx's source tree"
             out += ["", "Where the targets that are not met lose:", ""] + gaps + [
                 "", f"What would close the gaps, measured while tuning aot2onnx: {where}."]
+    out += _levers(results)
     out += ["", "## Per model", ""]
     for m in results["models"]:
         out += [f"### {m['name']}: {m['title']}", "",
@@ -298,6 +396,9 @@ def render_markdown(results: dict[str, Any], chart: str | None = None, findings:
             out += ["", f"aot2onnx ran {s['sessions']} ONNX Runtime session(s); allow_spinning read back from "
                     f"each session's options: {', '.join(s['allow_spinning']) or '-'} (0 = off); intra-op "
                     f"threads {', '.join(map(str, s['intra_op_threads'])) or '-'}."]
+        if m.get("levers"):
+            out += ["", "Levers, step time with the lever / aot2onnx's default (median [min-max] of rounds): "
+                    + "; ".join(_lever_detail(lever) for lever in m["levers"]) + "."]
         out += [""]
         if m.get("breakdown"):
             out += ["#### Where aot2onnx's step goes", ""] + _where_time_goes(m)
@@ -346,24 +447,40 @@ def _method(results: dict[str, Any]) -> str:
         "ONNX Runtime's profiler on (the sum of the `Node` kernel durations of its JSON trace over the same "
         "number of steps, warm-up runs left out); the run time minus that is ONNX Runtime's executor and "
         "allocation overhead (the profiler slows the kernels a little, so this can come out negative, which "
-        "then means the overhead is below what profiling adds). Noise: the CPU time other processes used while each model was measured (the "
+        "then means the overhead is below what profiling adds). "
+        f"{_method_suites(results)} Noise: the CPU time other processes used while each model was measured (the "
         "machine's busy time from /proc/stat minus this process's and its children's) is reported at the top; "
         f"above {BUSY_CORES} cores on average the report calls the machine busy."
     )
 
 
-def write_chart(results: dict[str, Any], path: str) -> str | None:
-    """A bar chart of step time relative to eager, per model and contender; returns why not, if it can't."""
-    try:
-        import matplotlib
+def _method_suites(results: dict[str, Any]) -> str:
+    s = results["settings"]
+    text = (
+        "Two suites. The main suite is the models the issue's first targets were set on. The device-scale suite "
+        "is smaller models at the batches a small device trains with (milliseconds a step, where the fixed "
+        "costs of a step weigh most): an MLP, a transformer layer, a CNN, two Hugging Face models built as a "
+        "user builds them (GPT-2 and BERT, transformers' default sdpa attention, called with `input_ids` only, "
+        "the loss on the logits) and the model zoo's MobileNet; its targets are a geometric mean of at most "
+        f"eager's step time, no model above {DEVICE_MODEL_LIMIT}x eager's, and aot2onnx below inductor on its "
+        "transformer models. Both suites are measured the same way."
+    )
+    if not s.get("levers"):
+        return text + " Levers were not measured in this run (`--levers` turns them on)."
+    return text + (
+        " Levers, on each device-suite model: after the breakdown, in the same process, aot2onnx compiles a "
+        "new deep copy of the initial model with the lever (`torch.compile(fn, backend=\"aot2onnx\", "
+        "options=...)` with the lever's options; a lever that compiles the optimizer also compiles a function "
+        "calling `opt.step()` with the same backend and options, at its first call like the model), and it is "
+        "timed against aot2onnx with default options and the same optimizer (the rounds' aot2onnx runner "
+        f"where that is SGD): {s['rounds']} rounds, the two taking turns to go first, each block "
+        f"{s['warmup']} warm-up and {s['steps']} timed steps as above. A lever's figure is the median of the "
+        "per-round ratios lever / default, with their minimum and maximum."
+    )
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (`pip install matplotlib`, or `make bench` installs it)"
-    contenders = [c for c in results["contenders"] if c != "eager"]
-    models = results["models"]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(models) + 2), 4.0))
+
+def _chart_panel(ax: Any, models: list[dict[str, Any]], contenders: list[str], suite: str) -> float:
+    """One suite's bars on ``ax``; returns the height the bars and their ranges reach."""
     width = 0.8 / max(1, len(contenders))
     colors = {"inductor": "#8c8c8c", "aot2onnx": "#1f77b4"}
     top = 1.2
@@ -386,17 +503,41 @@ def write_chart(results: dict[str, Any], path: str) -> str | None:
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})
             top = max(top, 1.08 * (h + hi))
     ax.axhline(1.0, color="black", linewidth=1, label="eager")
-    if "aot2onnx" in contenders:
+    if "aot2onnx" in contenders and suite == "main":
         ax.axhline(0.75, color="#2ca02c", linewidth=1, linestyle="--", label="target 0.75 (geomean)")
-    ax.set_ylim(0, top)
+    if "aot2onnx" in contenders and suite == "device":
+        ax.axhline(DEVICE_MODEL_LIMIT, color="#d62728", linewidth=1, linestyle=":",
+                   label=f"target: no model above {DEVICE_MODEL_LIMIT}")
     ax.set_xticks(range(len(models)))
-    ax.set_xticklabels([m["name"] for m in models])
-    ax.set_ylabel("step time / eager's (median of rounds)")
+    ax.set_xticklabels([m["name"] for m in models], fontsize=8)
+    ax.set_title(SUITE_TITLES[suite], fontsize=9)
+    ax.legend(fontsize=7)
+    return top
+
+
+def write_chart(results: dict[str, Any], path: str) -> str | None:
+    """A bar chart of step time relative to eager, per model and contender; returns why not, if it can't."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (`pip install matplotlib`, or `make bench` installs it)"
+    contenders = [c for c in results["contenders"] if c != "eager"]
+    models = results["models"]
+    groups = _groups(results)
+    # One panel per suite, as wide as its models; a shared y axis keeps the bars comparable.
+    fig, axes = plt.subplots(1, len(groups), squeeze=False, sharey=True,
+                             figsize=(max(6.0, 1.6 * len(models) + 2), 4.0),
+                             gridspec_kw={"width_ratios": [len(ms) for _, ms in groups]})
+    top = max(_chart_panel(ax, ms, contenders, suite) for ax, (suite, ms) in zip(axes[0], groups))
+    axes[0][0].set_ylim(0, top)
+    axes[0][0].set_ylabel("step time / eager's (median of rounds)")
     m = results["machine"]
     noise = [v for x in models for v in (x.get("others_cores_rounds"), x.get("others_cores_fresh")) if v is not None]
     busy = " - machine busy, noisy" if noise and max(noise) > BUSY_CORES else ""
-    ax.set_title(f"Training step relative to eager ({m['threads']} threads, {m['cpu']}){busy}", fontsize=9)
-    ax.legend(fontsize=8)
+    fig.suptitle(f"Training step relative to eager ({m['threads']} threads, {m['cpu']}){busy}", fontsize=9)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
