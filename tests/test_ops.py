@@ -58,6 +58,11 @@ CONV_CASES = [
     ((2, 32, 15, 13), (16, 32, 3, 3), 2, (1, 0), 1, 1),
     ((1, 16, 33, 34), (16, 16, 3, 5), 1, (2, 1), (2, 1), 1),
     ((2, 32, 8, 8), (32, 32, 1, 1), 1, 0, 1, 1),
+    # Depthwise with multiples of 16 channels: blocked forward, and a stride-1 input gradient as a Conv
+    ((2, 32, 12, 12), (32, 1, 3, 3), 1, 1, 1, 32),
+    ((2, 16, 9, 9), (16, 1, 3, 3), 2, 1, 1, 16),
+    ((1, 32, 10, 10), (32, 1, 3, 3), 1, 2, 2, 32),
+    ((2, 16, 8, 8), (16, 1, 5, 5), 1, (2, 1), 1, 16),
 ]
 
 
@@ -74,9 +79,11 @@ def test_conv2d_backward(case, bias):
     else:
         graphs = _check_fn(lambda x, w: F.conv2d(x, w, None, stride, padding, dilation, groups), x, w,
                            scale_atol=True)
-    # The input gradient is a Conv with the flipped weight for large stride-1 ungrouped convolutions, else a
-    # ConvTranspose.
-    as_conv = stride == 1 and groups == 1 and shape[1] >= 8 and shape[2] * shape[3] >= 32 * 32
+    # The input gradient is a Conv with the flipped weight for large stride-1 ungrouped convolutions and for
+    # stride-1 depthwise ones with multiples of 16 channels, else a ConvTranspose.
+    depthwise = groups > 1 and groups == shape[1] == wshape[0] and wshape[1] == 1
+    as_conv = stride == 1 and ((groups == 1 and shape[1] >= 8 and shape[2] * shape[3] >= 32 * 32)
+                               or (depthwise and groups % 16 == 0))
     backward = next(g for g in graphs if g.kind == "backward")
     assert (backward.op_counts["ConvTranspose"] == 0) == as_conv, backward.op_counts
     # On CPUs with NCHWc kernels, the forward Conv runs blocked when both channel counts are multiples of
@@ -84,7 +91,7 @@ def test_conv2d_backward(case, bias):
     from aot2onnx.runtime.nchwc import block_size
 
     block = block_size()
-    blocked = bool(block) and groups == 1 and shape[1] % block == 0 and wshape[0] % block == 0
+    blocked = bool(block) and (groups == 1 or depthwise) and shape[1] % block == 0 and wshape[0] % block == 0
     forward = next(g for g in graphs if g.kind == "forward")
     assert forward.nchwc_convolutions == int(blocked)
     assert backward.nchwc_convolutions == int(blocked and as_conv)
@@ -701,6 +708,58 @@ def test_nchwc_rewrite_matches_conv(case):
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
     if pads[:2] == pads[2:]:  # F.conv2d pads symmetrically
         torch.testing.assert_close(outs[1], expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", [
+    # (input shape, channels, kernel, strides, pads, dilations)
+    ((2, 32, 10, 9), 32, (3, 3), [1, 1], [1, 1, 1, 1], [1, 1]),
+    ((1, 48, 11, 12), 48, (3, 3), [2, 2], [1, 1, 1, 1], [1, 1]),
+    ((2, 16, 9, 9), 16, (5, 3), [1, 1], [2, 1, 2, 1], [2, 1]),
+], ids=str)
+def test_nchwc_rewrite_of_depthwise_matches_conv_and_onnx_runtimes_own(case, tmp_path):
+    """A depthwise Conv whose weight is an input, rewritten: the same as the Conv, and as F.conv2d; its weight
+    reordered as ONNX Runtime's own transformer reorders a constant one."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from aot2onnx.runtime.nchwc import DOMAIN, _reorder_depthwise_weight_numpy, block_size, rewrite_convolutions
+
+    block = block_size()
+    if not block:
+        pytest.skip("this CPU's ONNX Runtime has no NCHWc kernels")
+    shape, channels, kernel, strides, pads, dilations = case
+    wshape = (channels, 1, *kernel)
+    infos = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
+             helper.make_tensor_value_info("w", TensorProto.FLOAT, wshape)]
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], strides=strides, pads=pads, dilations=dilations,
+                            kernel_shape=list(kernel), group=channels)
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = helper.make_model(helper.make_graph([conv], "g", infos, [out]),
+                              opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    rewritten = rewrite_convolutions(model)
+    assert [n.op_type for n in rewritten.graph.node if n.domain == DOMAIN] == ["ReorderInput", "Conv", "ReorderOutput"]
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(shape, generator=g), torch.randn(wshape, generator=g)
+    outs = [torch.from_numpy(ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+                             .run(None, {"x": x.numpy(), "w": w.numpy()})[0]) for m in (model, rewritten)]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    if pads[:2] == pads[2:]:
+        torch.testing.assert_close(outs[1], F.conv2d(x, w, None, strides, pads[:2], dilations, channels),
+                                   rtol=1e-4, atol=1e-4)
+    # ONNX Runtime's transformer on the same Conv with the weight a constant: its reordered initializer
+    constant = helper.make_model(helper.make_graph([conv], "g", infos[:1], [out], [numpy_helper.from_array(
+        w.numpy(), "w")]), opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(constant.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(options.optimized_model_filepath)
+    assert any(n.domain == DOMAIN and n.op_type == "Conv" for n in optimized.graph.node)
+    reordered = [numpy_helper.to_array(t) for t in optimized.graph.initializer if list(t.dims) == list(wshape)]
+    assert len(reordered) == 1
+    np.testing.assert_array_equal(reordered[0], _reorder_depthwise_weight_numpy(w.numpy(), block))
 
 
 def test_nchwc_rewrite_leaves_other_convolutions():

@@ -71,6 +71,13 @@ def block_size() -> int:
     return 0
 
 
+def _reorder_depthwise_weight_numpy(weight: np.ndarray, block: int) -> np.ndarray:
+    """A depthwise weight (C, 1, *kernel) in the blocked layout (C / block, 1, *kernel, block): ONNX Runtime's
+    ``MlasReorderFilterOIHWBo``, which its transformer applies to depthwise convolutions."""
+    c_out, _, *kernel = weight.shape
+    return weight.reshape(c_out // block, block, 1, *kernel).transpose(0, 2, 3, 4, 1).reshape(weight.shape)
+
+
 def _reorder_weight_numpy(weight: np.ndarray, block: int) -> np.ndarray:
     c_out, c_in, *kernel = weight.shape
     blocked = weight.reshape(c_out // block, block, c_in // block, block, *kernel)
@@ -86,23 +93,30 @@ def _static_shape(info: onnx.ValueInfoProto | None) -> list[int] | None:
     return [d.dim_value for d in dims]
 
 
-def _candidate(node: onnx.NodeProto, infos: dict[str, onnx.ValueInfoProto], constants: set[str]) -> list[int] | None:
-    """The weight shape of a Conv the blocked kernels can run (group 1, float, 2-D, static shapes, a weight
-    that is not a constant), else None. Whether its channel counts fit the block is checked after."""
+def _candidate(node: onnx.NodeProto, infos: dict[str, onnx.ValueInfoProto],
+               constants: set[str]) -> tuple[list[int], bool] | None:
+    """The weight shape of a Conv the blocked kernels can run (group 1 or depthwise, float, 2-D, static
+    shapes, a weight that is not a constant) and whether it is depthwise, else None. Whether its channel
+    counts fit the block is checked after."""
     if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
         return None
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if attrs.get("group", 1) != 1 or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         return None
+    group = attrs.get("group", 1)
     x, w = node.input[0], node.input[1]
     if w in constants:  # ONNX Runtime's own transformer reorders a constant weight once
         return None
     if infos.get(x) is None or infos[x].type.tensor_type.elem_type != TensorProto.FLOAT:
         return None
     x_shape, w_shape = _static_shape(infos.get(x)), _static_shape(infos.get(w))
-    if x_shape is None or w_shape is None or len(x_shape) != 4 or len(w_shape) != 4 or w_shape[1] != x_shape[1]:
+    if x_shape is None or w_shape is None or len(x_shape) != 4 or len(w_shape) != 4:
         return None
-    return w_shape
+    if group == 1 and w_shape[1] == x_shape[1]:
+        return w_shape, False
+    if group == x_shape[1] == w_shape[0] and w_shape[1] == 1 and group > 1:  # depthwise, as the transformer takes it
+        return w_shape, True
+    return None
 
 
 def rewrite_convolutions(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -115,7 +129,8 @@ def rewrite_convolutions(model: onnx.ModelProto) -> onnx.ModelProto:
     if not candidates:
         return model  # and no probe
     block = block_size()
-    chosen = {i: w for i, w in candidates.items() if block and w[0] % block == 0 and w[1] % block == 0}
+    chosen = {i: (w, depthwise) for i, (w, depthwise) in candidates.items()
+              if block and w[0] % block == 0 and (depthwise or w[1] % block == 0)}
     if not chosen:
         return model
     rewritten = onnx.ModelProto()
@@ -125,16 +140,19 @@ def rewrite_convolutions(model: onnx.ModelProto) -> onnx.ModelProto:
         if index not in chosen:
             nodes.append(node)
             continue
-        c_out, c_in, *kernel = chosen[index]
+        (c_out, c_in, *kernel), depthwise = chosen[index]
         name = functools.partial("nchwc{}_{}".format, index)
-        blocked_dims = [c_out // block, block, c_in // block, block, *kernel]
+        if depthwise:  # (C / block, 1, *kernel, block)
+            blocked_dims, perm = [c_out // block, block, 1, *kernel], [0, 2, 3, 4, 1]
+        else:  # (C_out / block, C_in / block, *kernel, block_in, block_out)
+            blocked_dims, perm = [c_out // block, block, c_in // block, block, *kernel], [0, 2, 4, 5, 3, 1]
         nodes += [
             helper.make_node("Constant", [], [name("blocked")], value=numpy_helper.from_array(
                 np.array(blocked_dims, dtype=np.int64))),
             helper.make_node("Constant", [], [name("dims")], value=numpy_helper.from_array(
                 np.array([c_out, c_in, *kernel], dtype=np.int64))),
             helper.make_node("Reshape", [node.input[1], name("blocked")], [name("w5")]),
-            helper.make_node("Transpose", [name("w5")], [name("w6")], perm=[0, 2, 4, 5, 3, 1]),
+            helper.make_node("Transpose", [name("w5")], [name("w6")], perm=perm),
             helper.make_node("Reshape", [name("w6"), name("dims")], [name("w")]),
             helper.make_node("ReorderInput", [node.input[0]], [name("x")], domain=DOMAIN),
         ]
