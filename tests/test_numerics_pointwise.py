@@ -226,17 +226,23 @@ def test_selections_of_a_constant_on_large_tensors(dtype, special):
             raise AssertionError(f"{name}: {e}") from None
 
 
-def test_a_selection_of_a_constant_on_a_large_tensor_is_arithmetic(tmp_path, monkeypatch):
-    # The test above exercises the arithmetic path only if it is taken: ReLU's gradient has no Where outside
-    # the If that guards it.
+@pytest.mark.parametrize("fn", [
+    lambda x, g: torch.ops.aten.threshold_backward(g, x, 0.0),
+    lambda x, g: torch.where(x > 0, torch.zeros_like(g), g),  # torch_lib's zeros_like: Expand(CastLike(0))
+    lambda x, g: torch.ops.aten._safe_softmax(x, -1),
+], ids=["threshold_backward", "zeros_like", "_safe_softmax"])
+def test_a_selection_of_a_constant_on_a_large_tensor_is_arithmetic(fn, tmp_path, monkeypatch):
+    # The test above exercises the arithmetic path only if it is taken: no Where outside the If that guards
+    # it (nor the Max of two Wheres that selects between two tensors).
     import onnx
 
     monkeypatch.setenv("AOT2ONNX_DUMP_DIR", str(tmp_path))
+    monkeypatch.setenv("AOT2ONNX_CACHE_DIR", str(tmp_path / "cache"))
     x = torch.randn(64, 512)
-    torch.compile(lambda x, g: torch.ops.aten.threshold_backward(g, x, 0.0), backend="aot2onnx")(x, x + 1)
+    torch.compile(fn, backend="aot2onnx")(x, x + 1)
     (path,) = tmp_path.glob("*.onnx")
     ops = [n.op_type for n in onnx.load(path).graph.node]
-    assert "If" in ops and "Where" not in ops, ops
+    assert "If" in ops and "Where" not in ops and "Max" not in ops, ops
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

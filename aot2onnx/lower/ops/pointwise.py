@@ -162,15 +162,30 @@ def _arithmetic_select(condition, fill: float, y, fill_where: bool = True):
     return result
 
 
+def _cast_constant(value) -> np.ndarray | None:
+    """A constant, or a Cast or CastLike of one (torch_lib's zeros_like casts its 0 to the tensor's type),
+    in ``value``'s dtype."""
+    data, dtype = _constant(value), value.dtype
+    producer = value.producer()
+    if data is None and producer is not None and producer.op_type in ("Cast", "CastLike") and producer.domain in ("", "ai.onnx"):
+        data = _constant(producer.inputs[0])
+        if dtype is None:  # a value in a rule's trace has none yet
+            dtype = (producer.inputs[1].dtype if producer.op_type == "CastLike"
+                     else ir.DataType(producer.attributes["to"].as_int()))
+    if data is None or dtype not in _FLOATS:
+        return None
+    return data.astype(dtype.numpy())
+
+
 def _fill(value, other) -> float | None:
     """The one float ``value`` holds everywhere, if it is a constant (a scalar, or one expanded as full and
     zeros_like make it) whose shape broadcasts into ``other``'s: the selection's shape is then the other
     operand's and the condition's."""
-    data = _constant(value)
+    data = _cast_constant(value)
     dims = list(data.shape) if data is not None else None
     producer = value.producer()
     if data is None and producer is not None and producer.op_type == "Expand" and producer.domain in ("", "ai.onnx"):
-        data = _constant(producer.inputs[0])
+        data = _cast_constant(producer.inputs[0])
     if data is None and producer is not None and producer.op_type == "ConstantOfShape" and "value" in producer.attributes:
         data = producer.attributes["value"].as_tensor().numpy()
     if data is None or data.size != 1 or data.dtype.kind != "f":
