@@ -144,11 +144,18 @@ def _grad_weight_unfolded(grad_output, input, weight, stride, padding, dilation,
     shifts = op.CastLike(op.Constant(value=ir.tensor(one_hot)), input)
     cols = op.Conv(input, shifts, strides=stride, pads=list(padding) * 2, dilations=dilation, group=c_in)
     cols = op.Reshape(cols, op.Constant(value_ints=[n, groups, c_in // groups * taps, positions]))
-    dy = op.Reshape(grad_output, op.Constant(value_ints=[n, groups, c_out // groups, positions]))
     # The product is taken transposed, (Cin/g * K, P) @ (P, Cout/g) per sample, and the sum over N
     # transposed back: ONNX Runtime packs the product's right operand, and dY is the smaller one.
     # Alone, on 6 convolutions (3-128 channels, 16x16 to 64x64): 2-27% faster than dY @ cols^T.
-    per_sample = op.MatMul(cols, op.Transpose(dy, perm=[0, 1, 3, 2]))  # (N, g, Cin/g * K, Cout/g)
+    if c_out == groups:
+        # One output channel per group (depthwise): dY^T is a reshape of dY, and the MatMul reads it as it is
+        # (MobileNet's 32-channel 3x3 at 16x16, batch 16: 0.30 ms, against 0.56 ms for the MatMul that
+        # takes the transpose in, as ONNX Runtime fuses it).
+        dy_t = op.Reshape(grad_output, op.Constant(value_ints=[n, groups, positions, 1]))
+    else:
+        dy = op.Reshape(grad_output, op.Constant(value_ints=[n, groups, c_out // groups, positions]))
+        dy_t = op.Transpose(dy, perm=[0, 1, 3, 2])
+    per_sample = op.MatMul(cols, dy_t)  # (N, g, Cin/g * K, Cout/g)
     total = op.ReduceSum(per_sample, op.Constant(value_ints=[0]), keepdims=0)
     return op.Reshape(op.Transpose(total, perm=[0, 2, 1]), op.Constant(value_ints=w_dims))
 
