@@ -84,8 +84,10 @@ def test_conv2d_backward(case, bias):
     depthwise = groups > 1 and groups == shape[1] == wshape[0] and wshape[1] == 1
     as_conv = stride == 1 and ((groups == 1 and shape[1] >= 8 and shape[2] * shape[3] >= 32 * 32)
                                or (depthwise and groups % 16 == 0))
+    # A pointwise (1x1, stride 1, unpadded) one's is a MatMul.
+    pointwise = groups == 1 and wshape[2:] == (1, 1) and stride == 1 and padding == 0 and dilation == 1
     backward = next(g for g in graphs if g.kind == "backward")
-    assert (backward.op_counts["ConvTranspose"] == 0) == as_conv, backward.op_counts
+    assert (backward.op_counts["ConvTranspose"] == 0) == (as_conv or pointwise), backward.op_counts
     # On CPUs with NCHWc kernels, the forward Conv runs blocked when both channel counts are multiples of
     # the block, and so does an input gradient taken as a Conv.
     from aot2onnx.runtime.nchwc import block_size
@@ -783,3 +785,16 @@ def test_nchwc_rewrite_leaves_other_convolutions():
     model = helper.make_model(helper.make_graph(nodes, "g", [x3, x32, w3, wg], outs, [const]),
                               opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
     assert rewrite_convolutions(model) is model
+
+
+@pytest.mark.parametrize("shape", [(0, 8, 5, 5), (3, 8, 5), (2, 8, 3, 4, 2)], ids=str)
+def test_pointwise_conv_input_gradient_as_matmul_any_rank_and_empty_batch(shape):
+    # The 1x1 input gradient is a MatMul over (N, C_out, positions); an empty batch must not make the
+    # reshape's -1 ambiguous.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g)
+    w = torch.randn(6, 8, *[1] * (len(shape) - 2), generator=g)
+    conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[len(shape)]
+    graphs = _check_fn(lambda x, w: conv(x, w), x, w, scale_atol=shape[0] > 0)
+    backward = next(g for g in graphs if g.kind == "backward")
+    assert backward.op_counts["ConvTranspose"] == 0, backward.op_counts
