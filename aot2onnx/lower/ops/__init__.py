@@ -8,6 +8,7 @@ from aot2onnx.lower.ops import (  # noqa: F401
     conv,
     core,
     distance,
+    fused,
     indexing,
     linalg,
     loss,
