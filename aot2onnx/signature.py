@@ -29,7 +29,9 @@ RANDOM_OPS = frozenset(
     {"Dropout", "RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike", "Bernoulli", "Multinomial"}
 )
 
-__all__ = ["InputKind", "OutputKind", "InputSpec", "OutputSpec", "GraphSignature", "LoweredGraph", "RANDOM_OPS"]
+__all__ = [
+    "InputKind", "OutputKind", "InputSpec", "OutputSpec", "MutationSpec", "GraphSignature", "LoweredGraph", "RANDOM_OPS",
+]
 
 
 class InputKind(enum.Enum):
@@ -61,9 +63,21 @@ class OutputSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class MutationSpec:
+    """An input the graph writes: AOTAutograd keeps a data mutation of an input in the graph as
+    ``aten.copy_(input, value)``, and the runtime puts ``value`` (this ONNX output, of the input's shape and
+    dtype) into the input's memory, where ONNX Runtime can write it directly (runtime/inplace.py) or else
+    by a copy after the run."""
+
+    index: int  # the input's position
+    onnx_name: str  # the ONNX output holding its new value
+
+
+@dataclasses.dataclass(frozen=True)
 class GraphSignature:
     inputs: tuple[InputSpec, ...]
     outputs: tuple[OutputSpec, ...]
+    mutations: tuple[MutationSpec, ...] = ()
 
     @property
     def onnx_outputs(self) -> tuple[str, ...]:

@@ -222,7 +222,25 @@ def capture(
             inference_compiler=compilers[GraphKind.INFERENCE],
             decompositions=decompositions,
             partition_fn=partition_function(partitioner),
+            keep_inference_input_mutations=not _needs_autograd(gm, example_inputs),
         )
+
+
+def _needs_autograd(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether AOTAutograd makes forward and backward graphs of ``gm`` (its own test: grad mode, and a tensor
+    among the parameters, buffers and inputs that requires grad) rather than one inference graph.
+
+    An inference graph keeps a data mutation of an input as ``copy_(input, value)`` (a compiled optimizer
+    step's parameters and state): the runtime has ONNX Runtime write the value into the input's memory where
+    that is safe, instead of returning it for AOTAutograd's epilogue to copy in. Training graphs keep the
+    epilogue: with the mutation in the forward graph, the min-cut partitioner (with recompute_views) may save
+    the mutated input itself and recompute a view of its old value from it in the backward graph, which then
+    reads the new value (``x.view(-1).add_(1); return (x * w).sum(0)`` gave w a gradient of x + 2).
+    """
+    if not torch.is_grad_enabled():
+        return False
+    tensors = (*gm.parameters(), *gm.buffers(), *example_inputs)
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 class _CacheKeyDetails(AOTAutogradCacheDetails):

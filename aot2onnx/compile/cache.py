@@ -58,7 +58,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from aot2onnx.authentication import Authenticator
 from aot2onnx.capture.decompositions import target_name
-from aot2onnx.signature import GraphSignature, InputKind, InputSpec, OutputKind, OutputSpec
+from aot2onnx.signature import GraphSignature, InputKind, InputSpec, MutationSpec, OutputKind, OutputSpec
 
 __all__ = [
     "Authenticator",
@@ -517,7 +517,8 @@ def _signature_to_json(signature: GraphSignature) -> dict[str, Any] | None:
             return None  # a constant JSON cannot hold: not cached
         outputs.append({"kind": spec.kind.value, "onnx_name": spec.onnx_name, "index": spec.index, "value": spec.value})
     inputs = [{"kind": spec.kind.value, "onnx_name": spec.onnx_name} for spec in signature.inputs]
-    return {"inputs": inputs, "outputs": outputs}
+    mutations = [{"index": spec.index, "onnx_name": spec.onnx_name} for spec in signature.mutations]
+    return {"inputs": inputs, "outputs": outputs, "mutations": mutations}
 
 
 def _signature_from_json(data: dict[str, Any]) -> GraphSignature:
@@ -525,7 +526,8 @@ def _signature_from_json(data: dict[str, Any]) -> GraphSignature:
     outputs = tuple(
         OutputSpec(OutputKind(o["kind"]), o["onnx_name"], o["index"], o["value"]) for o in data["outputs"]
     )
-    return GraphSignature(inputs, outputs)
+    mutations = tuple(MutationSpec(m["index"], m["onnx_name"]) for m in data["mutations"])
+    return GraphSignature(inputs, outputs, mutations)
 
 
 @dataclasses.dataclass(frozen=True)

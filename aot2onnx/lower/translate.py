@@ -34,6 +34,7 @@ from aot2onnx.signature import (
     InputKind,
     InputSpec,
     LoweredGraph,
+    MutationSpec,
     OutputKind,
     OutputSpec,
 )
@@ -249,6 +250,7 @@ def lower_graph(
     input_specs: list[InputSpec] = []
     placeholders: list[torch.fx.Node] = []
     output_specs: list[OutputSpec] = []
+    written: list[tuple[int, ir.Value]] = []  # (input position, its new value): the graph's copy_ into inputs
     fx_nodes = 0
 
     for node in gm.graph.nodes:
@@ -273,6 +275,8 @@ def lower_graph(
             elif node.op == "call_function":
                 fx_nodes += 1
                 _lower_call(model, graph, node, values, registry, onnx_opset, constant_farm)
+                if node.target is torch.ops.aten.copy_.default:
+                    written.append(_written_input(node, values, placeholders))
             elif node.op == "output":
                 output_specs = _graph_outputs(node, graph, values, placeholders)
             else:
@@ -281,6 +285,10 @@ def lower_graph(
             raise
         except Exception as e:
             raise LoweringError(f"could not lower {node.format_node()}\n    from {user_source_line(node)}") from e
+    # The inputs' new values are outputs after the returned ones; their names are read back by position once
+    # the passes have run (OutputFixPass gives an output that is an input, or a second use of one value, an
+    # Identity of its own).
+    written_at = _written_outputs(graph, written)
 
     # Inputs the ONNX graph never reads are not bound at run time.
     used = {v.name for v in graph.inputs if v.uses() or v in graph.outputs}
@@ -308,7 +316,40 @@ def lower_graph(
             if model.opset_imports.get("", 18) != opset:  # the converter gives up without raising
                 raise LoweringError(f"graph {name!r} could not be converted from opset 18 to opset {opset}")
         proto = ir.serde.serialize_model(model)
-    return LoweredGraph(proto, GraphSignature(tuple(input_specs), tuple(output_specs)), fx_nodes, len(proto.graph.node))
+    mutations = tuple(MutationSpec(index, proto.graph.output[position].name) for index, position in written_at)
+    signature = GraphSignature(tuple(input_specs), tuple(output_specs), mutations)
+    return LoweredGraph(proto, signature, fx_nodes, len(proto.graph.node))
+
+
+def _written_input(node: torch.fx.Node, values: dict[str, Any], placeholders: list[torch.fx.Node]) -> tuple[int, ir.Value]:
+    """``copy_(input, src)``: the input's position and its new value (copy's, in the input's shape and dtype),
+    which later nodes read in place of the input, as they read the input's memory in PyTorch."""
+    destination = node.args[0]
+    if not (isinstance(destination, torch.fx.Node) and destination.op == "placeholder"):
+        raise LoweringError(
+            f"{node.format_node()} writes into a value that is not an input of the graph; AOTAutograd's graphs "
+            f"mutate only their inputs\n    from {user_source_line(node)}"
+        )
+    value = values[node.name]
+    values[destination.name] = value
+    return placeholders.index(destination), value
+
+
+def _written_outputs(graph: ir.Graph, written: list[tuple[int, ir.Value]]) -> list[tuple[int, int]]:
+    """Adds each written input's new value as a graph output: (input position, output position)."""
+    last: dict[int, ir.Value] = {}
+    for index, value in written:
+        last[index] = value  # written twice: the second copy_ is the input's value after the graph
+    positions = []
+    for index, value in last.items():
+        if value.producer() is None:  # an input or a constant: ONNX Runtime writes outputs that nodes make
+            identity = ir.node("Identity", [value])
+            graph.append(identity)
+            value = identity.outputs[0]
+            value.name = f"written__{index}"
+        positions.append((index, len(graph.outputs)))
+        graph.outputs.append(value)
+    return positions
 
 
 # ------------------------------------------------------------------------------------------ exact cleanup

@@ -21,6 +21,7 @@ from torch.utils.dlpack import from_dlpack as _from_capsule
 
 from aot2onnx.errors import RuntimeSessionError
 from aot2onnx.options import Options
+from aot2onnx.runtime.inplace import writable_in_place
 from aot2onnx.runtime.nchwc import DOMAIN as NCHWC
 from aot2onnx.runtime.nchwc import rewrite_convolutions
 from aot2onnx.runtime.precision import compute_in_float
@@ -337,7 +338,9 @@ class OrtGraph:
 
     Inputs are bound on the torch tensors' memory and outputs come back through DLPack, so no tensor is
     copied between torch and ONNX Runtime (a non-contiguous input is made contiguous first, since ONNX
-    tensors have no strides).
+    tensors have no strides). An input the graph writes (``signature.mutations``) gets its new value in
+    place: its output is bound on the input's memory where that is safe (``runtime.inplace``), and copied
+    into the input after the run elsewhere.
     """
 
     _boxed_call = True
@@ -364,6 +367,8 @@ class OrtGraph:
         self.op_counts = collections.Counter(node.op_type for node in model.graph.node)  # before ORT's fusions
         self.runs = 0
         self._onnx_outputs = signature.onnx_outputs
+        self._mutations = signature.mutations
+        self._in_place: frozenset[str] = frozenset()  # mutation outputs bound on their input's memory
         # ONNX Runtime hands bool tensors to DLPack as uint8; the output's declared type says which they are.
         declared = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
         self._bool_outputs = [declared.get(n) == onnx.TensorProto.BOOL for n in self._onnx_outputs]
@@ -374,7 +379,7 @@ class OrtGraph:
         self._trial: _ThreadTrial | None = None
         self.nchwc_convolutions = 0  # Conv nodes moved to ONNX Runtime's blocked layout (nchwc.py)
         self.float32_nodes = 0  # low-precision nodes computed in float32, having no kernel (precision.py)
-        if self._onnx_outputs:
+        if self._onnx_outputs or self._mutations:
             try:
                 providers = providers_for(device, options)
                 if options.graph_optimization_level in ("layout", "all") and providers == ["CPUExecutionProvider"]:
@@ -385,6 +390,9 @@ class OrtGraph:
                 if providers == ["CPUExecutionProvider"]:
                     # bfloat16 nodes (autocast) ONNX Runtime's CPU provider has no kernel for: in float32.
                     model, self.float32_nodes = compute_in_float(model)
+                if providers == ["CPUExecutionProvider"]:
+                    # CUDA's provider runs kernels on a stream, in the same order; kept to copies until tested.
+                    self._in_place = writable_in_place(model, signature)
                 model_bytes = model.SerializeToString()
                 disabled = _disabled_optimizers(model)
                 sess_options = session_options(options)
@@ -560,12 +568,15 @@ class OrtGraph:
             # the benchmark's GPT, transformer layer and CNN.)
             for output in self._onnx_outputs:
                 binding.bind_output(output, self._ort_device)
+            copied = self._bind_mutations(args, binding) if self._mutations else ()
             try:
                 ort_run(binding, None)
             except Exception as e:
                 self._bound.clear()  # bind every input afresh after a failure
                 raise RuntimeSessionError(f"ONNX Runtime failed running graph {self.name!r}: {e}") from e
             self.runs += 1
+            if not self._onnx_outputs and not copied:
+                return []
             values = binding.get_outputs()
             if self._cpu:
                 # The capsules directly, made in one call: torch.from_dlpack's protocol negotiation (stream,
@@ -574,10 +585,44 @@ class OrtGraph:
                 results = values.to_dlpacks(_from_capsule)
             else:
                 results = [torch.from_dlpack(values[i]) for i in range(len(values))]
+            for index, position in copied:
+                args[index].detach().copy_(results[position])
+            del results[len(self._onnx_outputs):]
         for i, is_bool in enumerate(self._bool_outputs):
             if is_bool and results[i].dtype != torch.bool:
                 results[i] = results[i].view(torch.bool)
         return results
+
+    def _bind_mutations(self, args: Sequence[Any], binding: Any) -> list[tuple[int, int]]:
+        """Binds the outputs holding the written inputs' new values, after the returned outputs: on the
+        input's memory where ONNX Runtime may write it in place, else on memory ONNX Runtime allocates.
+        Returns (input position, output position) of the values to copy in after the run."""
+        copied = []
+        for k, spec in enumerate(self._mutations):
+            arg = args[spec.index]
+            name = spec.onnx_name
+            if (
+                name in self._in_place
+                and arg.device == self.device
+                and arg.is_contiguous()
+                and arg.numel() > 0
+                and (dtype := _TORCH_TO_ONNX.get(arg.dtype)) is not None
+            ):
+                bound = (arg.data_ptr(), tuple(arg.shape), dtype)
+                if self._bound.get(name) != bound:
+                    binding.bind_output(name, self._ort_device, dtype, list(bound[1]), bound[0])
+                    self._bound[name] = bound
+            else:
+                binding.bind_output(name, self._ort_device)
+                self._bound.pop(name, None)
+                copied.append((spec.index, len(self._onnx_outputs) + k))
+        return copied
+
+    @property
+    def written_in_place(self) -> frozenset[str]:
+        """The outputs of written inputs (``signature.mutations``) that ONNX Runtime writes into the inputs'
+        own memory; the others are copied in after the run."""
+        return self._in_place
 
     @property
     def session(self) -> ort.InferenceSession | None:

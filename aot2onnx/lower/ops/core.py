@@ -41,6 +41,15 @@ def aten_copy(self, src, non_blocking: bool = False):
     return op.Expand(copied, op.Shape(self))
 
 
+@project_rule(aten.copy_.default)
+def aten_copy_(self, src, non_blocking: bool = False):
+    """copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)"""
+    # AOTAutograd keeps a data mutation of a graph input in the graph as this copy_ (the backend captures
+    # with keep_inference_input_mutations): the value is copy's, and the lowering records it as the input's
+    # new value (MutationSpec), which the runtime writes into the input.
+    return aten_copy(self, src, non_blocking)
+
+
 def _split(self, sizes, dim: int):
     """The pieces as plain values, or ``None`` when the sizes are not all static.
 
