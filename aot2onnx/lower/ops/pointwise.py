@@ -199,15 +199,30 @@ def _fill(value, other) -> float | None:
     return float(data.reshape(()))
 
 
+def _per_element(condition, other) -> bool:
+    """Whether the condition has the operand's own shape: one truth value per element, which may change from
+    element to element (a ReLU mask), where a condition broadcast along axes (a row mask) changes in runs."""
+    if condition.shape is None or other.shape is None:
+        return True
+    return list(condition.shape.dims) == list(other.shape.dims)
+
+
 def select(condition, x, y):
     """``Where(condition, x, y)``, keeping the sign of every zero it selects."""
     if condition.dtype == ir.DataType.BOOL:
-        fill = _fill(x, y)
-        if fill is not None and (result := _arithmetic_select(condition, fill, y)) is not None:
-            return result
-        fill = _fill(y, x)
-        if fill is not None and (result := _arithmetic_select(condition, fill, x, fill_where=False)) is not None:
-            return result
+        for fill, other, fill_where in ((_fill(x, y), y, True), (_fill(y, x), x, False)):
+            if fill is None or other.dtype not in _FLOATS:
+                continue
+            if _per_element(condition, other):
+                result = _arithmetic_select(condition, fill, other, fill_where)
+                if result is not None:
+                    return result
+            if not (fill == 0 and math.copysign(1.0, fill) < 0):
+                # The fill as a scalar Where broadcasts, first: it holds no -0.0 for Where to lose, and the
+                # other operand's -0.0 comes through. (A broadcast condition, constant along rows, is
+                # cheap for Where's branches.)
+                return op.Where(_condition(condition) if fill_where else _negation(condition),
+                                _scalar(fill, other.dtype), other)
     if not _may_hold_negative_zero(x):
         return op.Where(_condition(condition), x, y)
     if not _may_hold_negative_zero(y):
