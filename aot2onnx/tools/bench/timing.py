@@ -38,7 +38,7 @@ from aot2onnx.tools.bench import worker
 from aot2onnx.tools.bench.models import MODELS, SUITES, make_batch
 from aot2onnx.tools.bench.worker import Runner, failure
 
-__all__ = ["LEVERS", "SETTLE_S", "Lever", "run_suite", "suite_group"]
+__all__ = ["LEVERS", "SETTLE_S", "TORCH_THREADS", "Lever", "run_suite", "suite_group"]
 
 # The pause before each contender's block, so that any thread pool the previous contender woke has gone
 # back to sleep (ONNX Runtime's with spinning off, torch's OpenMP workers after their spin time).
@@ -61,9 +61,19 @@ class Lever:
     optimizer: str = "sgd"
 
 
+# An option value that stands for torch's thread count when the lever's runner is built (--threads).
+TORCH_THREADS = "torch.get_num_threads()"
+
 LEVERS = (
-    Lever("compiled-optimizer", "torch.compile(opt.step) through aot2onnx: one graph for all parameters", {},
+    Lever("compiled-optimizer", "torch.compile(opt.step) through aot2onnx: one graph for all parameters (SGD)", {},
           compile_optimizer=True),
+    Lever("compiled-optimizer-momentum", "the same with SGD, momentum 0.9, against aot2onnx with that SGD eagerly",
+          {}, compile_optimizer=True, optimizer="sgd-momentum"),
+    Lever("compiled-optimizer-adamw", "the same with AdamW, against aot2onnx with AdamW eagerly", {},
+          compile_optimizer=True, optimizer="adamw"),
+    Lever("no-thread-trial", "every session on torch's thread count: no per-graph trial of one thread "
+          "(the default measures one against it on each graph's first calls)",
+          {"intra_op_num_threads": TORCH_THREADS}),
     Lever("one-thread", "ONNX Runtime sessions on one intra-op thread", {"intra_op_num_threads": 1}),
 )
 assert len({lever.name for lever in LEVERS}) == len(LEVERS), "lever names must be unique"
@@ -267,8 +277,9 @@ def _bench_levers(default: Runner | None, base: nn.Module, x: torch.Tensor, y: t
                 runner.step()
                 defaults[lever.optimizer] = runner
             before, fallbacks_before = _graph_ids(), {id(g) for g in fallback_graphs()}
+            options = {k: torch.get_num_threads() if v == TORCH_THREADS else v for k, v in lever.options.items()}
             mine = Runner("aot2onnx", copy.deepcopy(base), x, y, loss_fn, tag=f"aot2onnx_lever_{i}",
-                          options=lever.options, compile_optimizer=lever.compile_optimizer, optimizer=lever.optimizer)
+                          options=options, compile_optimizer=lever.compile_optimizer, optimizer=lever.optimizer)
             start = time.perf_counter()
             mine.step()
             entry["in_process_first_step_s"] = time.perf_counter() - start
