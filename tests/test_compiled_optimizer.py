@@ -140,10 +140,11 @@ def _assert_close(
 
 
 def _assert_on_onnx_runtime(graphs: list[session.OrtGraph], caught: list[warnings.WarningMessage]) -> None:
-    """Nothing fell back to PyTorch, and every write of the step went straight into its tensor."""
+    """Every step ran on ONNX Runtime (not in Dynamo's eager fallback), nothing of it fell back to PyTorch,
+    and every write of the step went straight into its tensor."""
     assert fallback_graphs() == []
     assert [str(w.message) for w in caught if str(w.message).startswith("aot2onnx")] == []
-    assert graphs
+    assert sum(g.runs for g in graphs) == STEPS, graphs
     for graph in graphs:
         assert graph.signature.mutations, graph
         assert graph.written_in_place == {m.onnx_name for m in graph.signature.mutations}, graph
@@ -183,6 +184,32 @@ def test_in_place_writes_match_copies_bit_for_bit(optimizer, monkeypatch, cache_
     copied, graphs = _train(_mlp, make_opt, "aot2onnx")
     assert graphs and not any(g.written_in_place for g in graphs)
     _assert_close(in_place, copied, 0.0, 0.0, "in place against copies")
+
+
+def test_step_served_by_the_caches(tmp_path):
+    # A second process (here: Dynamo reset) gets the step from AOTAutograd's cache and the graph cache, the
+    # parameters' and state's writes with it, and trains exactly as the first did.
+    from torch._dynamo.utils import counters
+
+    backend = aot2onnx.backend(cache_dir=str(tmp_path))
+    runs = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        model = _mlp()
+        opt = OPTIMIZERS["adamw"](model.parameters())
+        step = torch.compile(opt.step, backend=backend)
+        hits = counters["aot_autograd"]["autograd_cache_hit"]
+        aot2onnx.reset_compiled_graphs()
+        for x, y in _data(3):
+            opt.zero_grad(set_to_none=True)
+            F.mse_loss(model(x), y).backward()
+            step()
+        graphs = [g for g in aot2onnx.compiled_graphs() if g.kind == "inference"]
+        assert graphs and all(g.written_in_place == {m.onnx_name for m in g.signature.mutations} for g in graphs)
+        runs.append((_snapshot(model, opt), counters["aot_autograd"]["autograd_cache_hit"] - hits))
+    (first, first_hits), (second, second_hits) = runs
+    assert first_hits == 0 and second_hits >= 1
+    _assert_close([second], [first], 0.0, 0.0, "served by the caches")
 
 
 # A learning-rate schedule: StepLR halves lr every two steps. A float lr is a constant of the graph that
