@@ -310,3 +310,18 @@ def test_a_second_process_skips_the_capture(tmp_path):
     assert "AOT_HITS 0" in runs[0].stdout and "(lowered)" in runs[0].stderr
     assert "AOT_HITS 1" in runs[1].stdout
     assert runs[1].stderr.count("(cache hit, no capture)") == 2 and "(lowered)" not in runs[1].stderr
+
+
+def test_the_cache_key_covers_the_cpu_vector_width(monkeypatch):
+    # lower/ops/norm.py follows eager's kernels at the CPU's vector width: an AVX2 and an AVX-512 machine
+    # sharing a cache directory must not be served each other's graphs.
+    from aot2onnx.compile import cache
+
+    keys = {}
+    for capability in ("AVX2", "AVX512"):
+        cache._environment_fingerprint.cache_clear()
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        keys[capability] = cache._environment_fingerprint()
+    cache._environment_fingerprint.cache_clear()
+    monkeypatch.undo()
+    assert keys["AVX2"] != keys["AVX512"]

@@ -206,6 +206,9 @@ def _environment_fingerprint() -> str:
         except importlib.metadata.PackageNotFoundError:
             version = "?"
         digest.update(f"{package}={version};".encode())
+    # Lowerings that follow eager's CPU kernels depend on the vector width those run at (lower/ops/norm.py):
+    # a cache shared by an AVX2 and an AVX-512 machine must not serve one the other's graphs.
+    digest.update(f"cpu={torch.backends.cpu.get_cpu_capability()};".encode())
     # The package version does not change with every edit of a rule; the source of the lowering does.
     root = _PACKAGE_ROOT
     _hash_sources(digest, [*root.joinpath("lower").rglob("*.py"), root / "signature.py", root / "compile" / "cache.py"])
