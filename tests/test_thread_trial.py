@@ -95,3 +95,19 @@ def test_no_trial_for_a_graph_with_random_ops(two_threads):
     forward = [g for g in aot2onnx.compiled_graphs() if g.kind == "forward"]
     assert len(forward) == 1 and forward[0].op_counts["Dropout"] == 1
     assert forward[0].thread_trial is None and forward[0].intra_op_threads == 2
+
+
+def test_no_trial_for_a_profiled_session(two_threads, tmp_path):
+    # A session with ONNX Runtime's profiler on keeps every run in one trace (the benchmark reads it).
+    from aot2onnx.runtime.session import profiling
+
+    aot2onnx.reset_compiled_graphs()
+    model = _model()
+    compiled = torch.compile(model, backend="aot2onnx")
+    with profiling(ort_profile_prefix=str(tmp_path / "ort")):
+        _train(model, compiled, 1)
+    _train(model, compiled, STEPS)
+    graphs = [g for g in aot2onnx.compiled_graphs() if g.session is not None]
+    assert len(graphs) == 2 and all(g.thread_trial is None and g.intra_op_threads == 2 for g in graphs)
+    for g in graphs:
+        g.session.end_profiling()
