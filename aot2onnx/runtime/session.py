@@ -281,6 +281,21 @@ _TRIAL_RUNS = 8
 _TRIAL_MARGIN = 0.95
 
 
+class _TimedRun:
+    """An ONNX Runtime run callable that adds up the seconds its runs take."""
+
+    def __init__(self, ort_run: Callable[[Any, Any], None]) -> None:
+        self.ort_run = ort_run
+        self.seconds = 0.0
+
+    def __call__(self, binding: Any, run_options: Any) -> None:
+        start = time.perf_counter()
+        try:
+            self.ort_run(binding, run_options)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
 @dataclasses.dataclass
 class _ThreadTrial:
     model_bytes: bytes
@@ -458,23 +473,12 @@ class OrtGraph:
             use_other = trial.calls % 2 == 1
             if use_other:
                 self._session, self._binding, self._ort_run, self._bound = trial.other.fields()
-            clock = time.perf_counter
-            run_s = 0.0
-            ort_run = self._ort_run
-
-            def timed_run(binding: Any, run_options: Any) -> None:
-                nonlocal run_s
-                start = clock()
-                try:
-                    ort_run(binding, run_options)
-                finally:
-                    run_s += clock() - start
-
-            start = clock()
+            timed_run = _TimedRun(self._ort_run)
+            start = time.perf_counter()
             try:
                 return self._call(args, timed_run)
             finally:
-                call_s = clock() - start
+                call_s, run_s = time.perf_counter() - start, timed_run.seconds
                 if _profile is not None:
                     _profile.calls.append(GraphCall(self.name, self.kind, call_s, run_s))
                 if use_other:
@@ -503,23 +507,13 @@ class OrtGraph:
 
     def _profiled_call(self, args: list[Any], profile: Profile) -> list[Any]:
         """The call, timed whole and around ONNX Runtime's run, recorded in ``profile``."""
-        clock = time.perf_counter
-        ort_run = self._ort_run
-        run_s = None if ort_run is None else 0.0
-
-        def timed_run(binding: Any, run_options: Any) -> None:
-            nonlocal run_s
-            start = clock()
-            try:
-                ort_run(binding, run_options)
-            finally:
-                run_s += clock() - start
-
-        start = clock()
+        timed_run = None if self._ort_run is None else _TimedRun(self._ort_run)
+        start = time.perf_counter()
         try:
-            return self._call(args, None if ort_run is None else timed_run)
+            return self._call(args, timed_run)
         finally:
-            profile.calls.append(GraphCall(self.name, self.kind, clock() - start, run_s))
+            profile.calls.append(GraphCall(self.name, self.kind, time.perf_counter() - start,
+                                           None if timed_run is None else timed_run.seconds))
 
     def _call(self, args: list[Any], ort_run: Callable[[Any, Any], None] | None) -> list[Any]:
         """The boxed call, running the session through ``ort_run`` (None for a graph without a session)."""
