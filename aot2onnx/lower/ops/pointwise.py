@@ -14,6 +14,7 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
+from aot2onnx.lower.ops._common import static_dims
 from aot2onnx.lower.ops._control import cond
 from aot2onnx.lower.registry import project_rule
 
@@ -116,10 +117,18 @@ _ARITHMETIC_SELECT_ELEMENTS = 8192
 
 
 def _elements(value) -> int | None:
-    if value.shape is None:
-        return None
-    dims = list(value.shape.dims)
-    return int(np.prod(dims)) if all(isinstance(d, int) for d in dims) else None
+    dims = static_dims(value)
+    return None if dims is None else math.prod(dims)
+
+
+def _broadcasts_into(inner: list, outer: list) -> bool:
+    """Whether dims ``inner`` broadcast into ``outer`` without growing it (aligned from the right, each 1 or
+    the same size, known or symbolic)."""
+    return len(inner) <= len(outer) and all(a == 1 or a == b for a, b in zip(reversed(inner), reversed(outer)))
+
+
+def _negative_zero(fill: float) -> bool:
+    return fill == 0 and math.copysign(1.0, fill) < 0
 
 
 def _arithmetic_select(condition, fill: float, y, fill_where: bool = True):
@@ -127,7 +136,7 @@ def _arithmetic_select(condition, fill: float, y, fill_where: bool = True):
     ``fill`` (not -0.0) and a float32/64 tensor y; None where the Where is as good (a small or 16-bit tensor)."""
     if y.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE) or not math.isfinite(fill):
         return None
-    if fill == 0 and math.copysign(1.0, fill) < 0:
+    if _negative_zero(fill):
         return None  # +-0 + w is +0.0 for a +0.0 product whatever w: no sum gives -0.0 there
     if all(n is not None and n < _ARITHMETIC_SELECT_ELEMENTS for n in (_elements(condition), _elements(y))):
         return None
@@ -155,10 +164,8 @@ def _arithmetic_select(condition, fill: float, y, fill_where: bool = True):
     total = op.ReduceSum(y, keepdims=0)
     not_finite = op.IsNaN(op.Sub(total, total))
     (result,) = cond(not_finite, exact, fast)
-    if y.shape is not None and condition.shape is not None:
-        outer, inner = list(y.shape.dims), list(condition.shape.dims)
-        if len(inner) <= len(outer) and all(a == 1 or a == b for a, b in zip(reversed(inner), reversed(outer))):
-            result.shape = ir.Shape(outer)  # as Where's result would say (an If's says nothing)
+    if y.shape is not None and condition.shape is not None and _broadcasts_into(list(condition.shape), list(y.shape)):
+        result.shape = ir.Shape(list(y.shape))  # as Where's result would say (an If's says nothing)
     return result
 
 
@@ -193,8 +200,7 @@ def _fill(value, other) -> float | None:
     mine = list(value.shape.dims) if value.shape is not None else dims
     if mine is None or other.shape is None:
         return None
-    theirs = list(other.shape.dims)
-    if len(mine) > len(theirs) or not all(a == 1 or a == b for a, b in zip(reversed(mine), reversed(theirs))):
+    if not _broadcasts_into(mine, list(other.shape)):
         return None
     return float(data.reshape(()))
 
@@ -217,7 +223,7 @@ def select(condition, x, y):
                 result = _arithmetic_select(condition, fill, other, fill_where)
                 if result is not None:
                     return result
-            if not (fill == 0 and math.copysign(1.0, fill) < 0):
+            if not _negative_zero(fill):
                 # The fill as a scalar Where broadcasts, first: it holds no -0.0 for Where to lose, and the
                 # other operand's -0.0 comes through. (A broadcast condition, constant along rows, is
                 # cheap for Where's branches.)
@@ -301,7 +307,7 @@ def _clamp(self, low, high):
         if high is not None:
             self = op.Min(self, op.CastLike(high, self))
         return self
-    if isinstance(low, float) and low == 0 and math.copysign(1.0, low) < 0:
+    if isinstance(low, float) and _negative_zero(low):
         # ONNX Runtime's ReluClipFusion drops a Relu before a Clip whose min is >= 0, and -0.0 is: relu(-1)
         # then clamp(min=-0.0) gave -0.0 (eager relu(-1) is 0.0, and clamp keeps it). Max is not fused.
         self = _extremum(op.Max, float("-inf"), self, _scalar(low, dtype), dtype)
