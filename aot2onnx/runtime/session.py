@@ -324,7 +324,7 @@ class _Runner:
         return self.session, self.binding, self.ort_run, self.bound
 
     @staticmethod
-    def create(trial: _ThreadTrial, options: Options, device: Any) -> _Runner:
+    def create(trial: _ThreadTrial, options: Options) -> _Runner:
         so = session_options(options, intra_op_threads=1)
         if trial.options.enable_profiling:
             so.enable_profiling = True
@@ -447,32 +447,38 @@ class OrtGraph:
     def __call__(self, args: list[Any]) -> list[Any]:
         if self._trial is not None:
             return self._trial_call(args)
+        return self._settled_call(args)
+
+    def _settled_call(self, args: list[Any]) -> list[Any]:
         profile = _profile
         if profile is not None:  # inside profiling(); off, this check is all the hook costs
             return self._profiled_call(args, profile)
         return self._call(args, self._ort_run)
+
+    def _use(self, runner: _Runner) -> _Runner:
+        """Runs the graph's calls on ``runner``'s session from now on; returns the one they ran on."""
+        previous = _Runner(self._session, self._binding, self._ort_run, self._bound)
+        self._session, self._binding, self._ort_run, self._bound = runner.fields()
+        return previous
 
     def _trial_call(self, args: list[Any]) -> list[Any]:
         """A call while the graph's thread count is being chosen (:class:`_ThreadTrial`)."""
         with self._trial_lock:
             trial = self._trial
             if trial is None:  # decided while this call waited
-                return self(args)
+                return self._settled_call(args)
             trial.calls += 1
             if trial.calls <= _TRIAL_WARMUP:
-                profile = _profile
-                return self._call(args, self._ort_run) if profile is None else self._profiled_call(args, profile)
+                return self._settled_call(args)
             if trial.other is None:
                 try:
-                    trial.other = _Runner.create(trial, self.options, self._ort_device)
+                    trial.other = _Runner.create(trial, self.options)
                 except Exception as e:  # the trial is an optimization: keep the session there is
                     logger.debug("aot2onnx: no one-thread session for graph %s: %s", self.name, e)
                     self._trial = None
-                    return self._call(args, self._ort_run)
-            mine = _Runner(self._session, self._binding, self._ort_run, self._bound)
+                    return self._settled_call(args)
             use_other = trial.calls % 2 == 1
-            if use_other:
-                self._session, self._binding, self._ort_run, self._bound = trial.other.fields()
+            mine = self._use(trial.other) if use_other else None
             timed_run = _TimedRun(self._ort_run)
             start = time.perf_counter()
             try:
@@ -481,9 +487,8 @@ class OrtGraph:
                 call_s, run_s = time.perf_counter() - start, timed_run.seconds
                 if _profile is not None:
                     _profile.calls.append(GraphCall(self.name, self.kind, call_s, run_s))
-                if use_other:
-                    trial.other = _Runner(self._session, self._binding, self._ort_run, self._bound)
-                    self._session, self._binding, self._ort_run, self._bound = mine.fields()
+                if mine is not None:
+                    trial.other = self._use(mine)
                     if trial.calls > _TRIAL_WARMUP + 1:  # the other session's first run warms it up
                         trial.other_s.append(run_s)
                 else:
@@ -497,7 +502,7 @@ class OrtGraph:
         self.thread_trial = {"threads": trial.threads, "median_run_s": mine, "one_thread_median_run_s": other}
         if other < _TRIAL_MARGIN * mine:
             assert trial.other is not None
-            self._session, self._binding, self._ort_run, self._bound = trial.other.fields()
+            self._use(trial.other)
         self._trial = None
 
     @property
