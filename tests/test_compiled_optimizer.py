@@ -155,9 +155,13 @@ def _assert_on_onnx_runtime(graphs: list[session.OrtGraph], caught: list[warning
 CASES = [(name, "mlp") for name in OPTIMIZERS] + [
     (name, "batchnorm-frozen") for name in ("sgd-momentum", "sgd-nesterov-wd", "adamw-amsgrad")
 ]
+# The default run takes one of each family and the BatchNorm model once (about 15 of the 40 s); -m slow the rest.
+DEFAULT_CASES = {("sgd", "mlp"), ("sgd-momentum", "mlp"), ("adamw", "mlp"), ("adamw-amsgrad", "batchnorm-frozen")}
 
 
-@pytest.mark.parametrize("optimizer, model", CASES, ids=[f"{o}-{m}" for o, m in CASES])
+@pytest.mark.parametrize("optimizer, model", [
+    pytest.param(o, m, id=f"{o}-{m}", marks=[] if (o, m) in DEFAULT_CASES else [pytest.mark.slow]) for o, m in CASES
+])
 def test_step_matches_eager(optimizer, model, cache_off):
     make_model = {"mlp": _mlp, "batchnorm-frozen": _batchnorm_frozen}[model]
     # The BatchNorm model's forward and backward are compiled too (its buffers' writes go through
@@ -226,12 +230,12 @@ def test_step_served_by_the_caches(tmp_path):
 @pytest.mark.parametrize(
     "optimizer, lr, graphs",
     [
-        ("sgd-momentum", 0.05, 4),  # the first step (no momentum buffer yet), then lr 0.05, 0.025, 0.0125
-        ("sgd-momentum", "tensor", 2),  # the first step, then every other
-        ("adamw", 1e-2, 2),  # lr 0.01, then lr as an input
-        ("adamw", "tensor", 1),
+        # the first step (no momentum buffer yet), then lr 0.05, 0.025, 0.0125
+        pytest.param("sgd-momentum", 0.05, 4, id="sgd-float"),
+        pytest.param("sgd-momentum", "tensor", 2, id="sgd-tensor", marks=pytest.mark.slow),  # the first, then every other
+        pytest.param("adamw", 1e-2, 2, id="adamw-float", marks=pytest.mark.slow),  # lr 0.01, then lr as an input
+        pytest.param("adamw", "tensor", 1, id="adamw-tensor"),
     ],
-    ids=["sgd-float", "sgd-tensor", "adamw-float", "adamw-tensor"],
 )
 def test_learning_rate_schedule(optimizer, lr, graphs, cache_off):
     make_opt = OPTIMIZERS[optimizer]
