@@ -352,6 +352,61 @@ def test_conv2d_weight_grad_unfolded():
     assert any(g_.kind == "backward" and g_.op_counts["MatMul"] == 1 for g_ in graphs)
 
 
+# Depthwise weight gradients taken row by row (conv._grad_weight_depthwise): kernel rows that read only padding
+# (padding 3 with a 3-row kernel), strides that skip the last columns, dilation, non-square kernels and
+# images, padding beyond the kernel on one axis, none on the other, a transposed depthwise convolution.
+DEPTHWISE_WEIGHT_CASES = [
+    # (input shape, kernel, stride, padding, dilation)
+    ((2, 8, 9, 9), (3, 3), 1, 1, 1),
+    ((3, 6, 10, 7), (3, 3), 2, 1, 1),
+    ((2, 5, 11, 12), (3, 3), (2, 3), (0, 2), 1),
+    ((2, 4, 8, 8), (3, 3), 1, 3, 1),
+    ((1, 6, 12, 10), (5, 3), 1, (2, 1), (2, 1)),
+    ((2, 4, 7, 9), (3, 5), (3, 1), (1, 4), (1, 2)),
+    ((16, 32, 16, 16), (3, 3), 1, 1, 1),  # MobileNet's
+]
+
+
+@pytest.mark.parametrize("case", DEPTHWISE_WEIGHT_CASES, ids=lambda c: f"in{c[0]}_k{c[1]}_s{c[2]}_p{c[3]}_d{c[4]}")
+def test_depthwise_weight_grad_by_kernel_rows(case):
+    shape, kernel, stride, padding, dilation = case
+    channels = shape[1]
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(shape, generator=g), torch.randn(channels, 1, *kernel, generator=g)
+    graphs = _check_fn(lambda x, w: F.conv2d(x, w, None, stride, padding, dilation, channels), x, w, scale_atol=True)
+    backward = next(g_ for g_ in graphs if g_.kind == "backward")
+    # One matrix product per kernel row, and no unfolding convolution (a Conv there is the input gradient's).
+    assert backward.op_counts["MatMul"] == kernel[0], backward.op_counts
+    assert backward.op_counts["Conv"] <= 1, backward.op_counts
+
+
+def test_transposed_depthwise_weight_grad_by_kernel_rows():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 6, 7, 8, generator=g), torch.randn(6, 1, 3, 3, generator=g)
+    graphs = _check_fn(lambda x, w: F.conv_transpose2d(x, w, None, 2, 1, 1, 6), x, w, scale_atol=True)
+    backward = next(g_ for g_ in graphs if g_.kind == "backward")
+    assert backward.op_counts["MatMul"] == 3, backward.op_counts
+
+
+def test_depthwise_weight_grad_keeps_nan_and_inf_where_eager_has_them():
+    # Only products eager sums are read from the per-row products: an inf or NaN in the input reaches the
+    # taps that read it and no other.
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 4, 8, 8, generator=g), torch.randn(4, 1, 3, 3, generator=g)
+    x[0, 1, 0, 0] = float("inf")
+    x[1, 2, 7, 3] = float("nan")
+    x[0, 3, 4, 7] = float("-inf")
+    fn = lambda x, w: F.conv2d(x, w, None, 1, 1, 1, 4)
+    xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    cot = torch.randn(2, 4, 8, 8, generator=g)
+    fn(xe, we).backward(cot)
+    aot2onnx.reset_compiled_graphs()
+    torch.compile(fn, backend="aot2onnx")(xc, wc).backward(cot)
+    torch.testing.assert_close(wc.grad, we.grad, rtol=RTOL, atol=ATOL * 30, equal_nan=True)
+    assert torch.equal(torch.isnan(wc.grad), torch.isnan(we.grad)) and torch.equal(torch.isinf(wc.grad), torch.isinf(we.grad))
+
+
 @pytest.mark.parametrize(
     "stride,padding,output_padding,groups,dilation",
     [(1, 0, 0, 1, 1), (2, 1, 1, 1, 1), (2, 0, 0, 2, 1), (3, 2, 1, 2, 2)],

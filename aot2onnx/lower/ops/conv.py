@@ -129,10 +129,75 @@ _UNFOLD_LIMIT = 1 << 26
 
 
 def _grad_weight(grad_output, input, weight, stride, padding, dilation, groups):
+    depthwise = _grad_weight_depthwise(grad_output, input, weight, stride, padding, dilation, groups)
+    if depthwise is not None:
+        return depthwise
     unfolded = _grad_weight_unfolded(grad_output, input, weight, stride, padding, dilation, groups)
     if unfolded is not None:
         return unfolded
     return _grad_weight_as_conv(grad_output, input, weight, stride, padding, dilation, groups)
+
+
+def _grad_weight_depthwise(grad_output, input, weight, stride, padding, dilation, groups):
+    """dW of a 2-D depthwise convolution (one input and one output channel per group) on images narrow
+    enough, as one matrix product per kernel row; None elsewhere.
+
+    dW[c, kh, kw] = sum_{n, h, w} dY[n, c, h, w] * X[n, c, s*h + d*kh - p, s'*w + d'*kw - p']. For one kernel
+    row kh, the rows h of dY whose input row is inside the image and those input rows are sliced out, with
+    the channels first, and multiplied per channel over (n, h): M[c, w, x] = sum_{n, h} dY[.., w] * X[.., x]
+    (Wo x W per channel). dW[c, kh, kw] is the sum over w of M[c, w, s'*w + d'*kw - p'], a strided diagonal:
+    M flattened, shifted by p' and read as rows of W + s' elements holds it in its first columns. Entries
+    that fall outside the image are not read from M (a Where on the small result). No input is unfolded:
+    the one-hot convolution that unfolds it costs taps^2 multiply-adds per input element, this kh * W
+    (MobileNet's 32-channel 3x3 at 16x16, batch 16: 0.5 against 1.2 ms)."""
+    in_dims, go_dims, w_dims = static_dims(input), static_dims(grad_output), static_dims(weight)
+    if in_dims is None or go_dims is None or w_dims is None or len(in_dims) != 4:
+        return None
+    n, c, height, width = in_dims
+    (k_h, k_w), (out_h, out_w) = w_dims[2:], go_dims[2:]
+    if not (groups == c == go_dims[1] > 1 and w_dims[:2] == [c, 1] and n > 0 and out_h > 0 and out_w > 0):
+        return None
+    (s_h, s_w), (p_h, p_w), (d_h, d_w) = stride, padding, dilation
+    if k_h * width >= (k_h * k_w) ** 2 or d_w * (k_w - 1) + 1 > width + s_w:
+        return None  # wide images: the unfolding does fewer multiply-adds
+    dy = op.Transpose(grad_output, perm=[1, 0, 2, 3])  # (C, N, Ho, Wo)
+    x = op.Transpose(input, perm=[1, 0, 2, 3])  # (C, N, H, W)
+    zero = op.CastLike(op.Constant(value_float=0.0), input)
+    # Where each (w, kw) reads the image: s'*w + d'*kw - p' in [0, W).
+    cols = np.arange(out_w)[:, None] * s_w + np.arange(k_w)[None, :] * d_w - p_w
+    inside = (cols >= 0) & (cols < width)
+    row_taps = []
+    for kh in range(k_h):
+        offset = d_h * kh - p_h  # input row of output row h: s*h + offset
+        first = max(0, -(offset // s_h))  # the first output row whose input row is inside the image
+        last = min(out_h, max(0, (height - 1 - offset) // s_h + 1))  # one past the last
+        if last <= first:  # this kernel row reads only padding
+            row_taps.append(op.CastLike(op.Constant(value=ir.tensor(np.zeros((c, 1, k_w), np.float32))), input))
+            continue
+        rows = last - first
+        a = dy if rows == out_h else op.Slice(dy, op.Constant(value_ints=[first]), op.Constant(value_ints=[last]),
+                                              op.Constant(value_ints=[2]))
+        b = op.Slice(x, op.Constant(value_ints=[s_h * first + offset]),
+                     op.Constant(value_ints=[s_h * (last - 1) + offset + 1]), op.Constant(value_ints=[2]),
+                     op.Constant(value_ints=[s_h]))
+        a = op.Reshape(a, op.Constant(value_ints=[c, n * rows, out_w]))
+        b = op.Reshape(b, op.Constant(value_ints=[c, n * rows, width]))
+        m = op.MatMul(op.Transpose(a, perm=[0, 2, 1]), b)  # (C, Wo, W)
+        # Element (w, s'*w + d'*kw - p') of M is flat element w*(W + s') + d'*kw after p' leading zeros.
+        length = out_w * (width + s_w)
+        flat = op.Reshape(m, op.Constant(value_ints=[c, out_w * width]))
+        back = length - out_w * width - p_w
+        if back < 0:
+            flat = op.Slice(flat, op.Constant(value_ints=[0]), op.Constant(value_ints=[out_w * width + back]),
+                            op.Constant(value_ints=[1]))
+        flat = op.Pad(flat, op.Constant(value_ints=[0, p_w, 0, max(back, 0)]))
+        diagonals = op.Slice(op.Reshape(flat, op.Constant(value_ints=[c, out_w, width + s_w])),
+                             op.Constant(value_ints=[0]), op.Constant(value_ints=[d_w * (k_w - 1) + 1]),
+                             op.Constant(value_ints=[2]), op.Constant(value_ints=[d_w]))  # (C, Wo, kW)
+        if not inside.all():
+            diagonals = op.Where(op.Constant(value=ir.tensor(inside)), diagonals, zero)
+        row_taps.append(op.ReduceSum(diagonals, op.Constant(value_ints=[1]), keepdims=1))  # (C, 1, kW)
+    return op.Reshape(op.Concat(*row_taps, axis=1), op.Constant(value_ints=w_dims))
 
 
 def _grad_weight_unfolded(grad_output, input, weight, stride, padding, dilation, groups):
