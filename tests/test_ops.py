@@ -298,6 +298,32 @@ def test_batch_norm_training_gradients_and_running_stats(shape, affine, dtype):
         torch.testing.assert_close(c, e, rtol=RTOL, atol=ATOL)
     forward = next(g_ for g_ in graphs if g_.kind == "forward")
     assert forward.op_counts["BatchNormalization"] == 1, forward.op_counts
+    if len(shape) > 2:  # the input gradient's projection, as one pass (norm.aten_native_batch_norm_backward)
+        backward = next(g_ for g_ in graphs if g_.kind == "backward")
+        assert backward.op_counts["BatchNormalization"] == 1, backward.op_counts
+
+
+@pytest.mark.parametrize("case", ["eval", "input-only", "weight-only", "frozen-input", "dynamic", "eval-dynamic"])
+def test_batch_norm_backward_modes_and_output_masks(case):
+    # native_batch_norm_backward's other paths: with the running statistics (eval mode, where the input
+    # gradient is a per-channel scale), gradients for only some of input, weight and bias, symbolic sizes.
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 6, 5, 3, generator=g) * 3 + 1.5
+    w, b = torch.randn(6, generator=g), torch.randn(6, generator=g)
+    rm, rv = torch.randn(6, generator=g), torch.rand(6, generator=g) + 0.5
+    training = not case.startswith("eval")
+
+    def fn(x, w, b):
+        if case == "input-only":
+            w, b = w.detach(), b.detach()
+        elif case == "weight-only":
+            b = b.detach()
+        elif case == "frozen-input":
+            x = x.detach()
+        # running statistics cloned: the eager and the compiled run each update their own
+        return F.batch_norm(x, rm.clone(), rv.clone(), w, b, training=training, momentum=0.1, eps=1e-4)
+
+    _check_fn(fn, x, w, b, dynamic=case.endswith("dynamic"))
 
 
 def test_integer_and_bool_tensors():

@@ -14,8 +14,8 @@ Layer and group norm rows are NaN where ATen's CPU kernel makes them NaN. Its We
 row shorter than one vector (8 floats, 4 doubles with AVX2; twice that with AVX-512), when its mean squared
 overflows; for a row a whole number of vectors long, when the mean of its first lane (elements 0, W, 2W, ...)
 squared does; otherwise never (a variance past the range gives rstd 0 and the bias). ``layer_norm([1e30, 1, 2,
-3])`` is NaN, ``layer_norm([2e19, -2e19, 0, 0])`` the bias. The vector width is the lowering machine's
-(``torch.backends.cpu.get_cpu_capability()``). Eager's mean is Welford's running mean, whose rounding leaves a
+3])`` is NaN, ``layer_norm([2e19, -2e19, 0, 0])`` the bias. The vector is AVX2's on AVX-512 CPUs too
+(``_vector_width``). Eager's mean is Welford's running mean, whose rounding leaves a
 residue where huge values cancel (3.8e22 for ``[-1e30, 0.84, 1e30]``, a NaN row in eager); aot2onnx's is the
 sum's (0.28, a number): that difference is left. Batch norm is left as it is: eager's contiguous kernel gives the bias there (rstd 0), as
 BatchNormalization does (its kernel for other layouts computes in double and gives the exact value).
@@ -59,9 +59,13 @@ def _per_channel(value, rank: int):
 
 
 def _vector_width(dtype: ir.DataType) -> int:
-    """How many elements of ``dtype`` one of ATen's CPU vectors holds (``Vectorized<T>::size()``)."""
-    width = 64 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 32
-    return width // (8 if dtype == ir.DataType.DOUBLE else 4)
+    """How many elements of ``dtype`` one vector of ATen's layer and group norm kernels holds.
+
+    They are registered with ``REGISTER_DISPATCH``, which leaves the AVX-512 slot empty: on an AVX-512 CPU
+    (``get_cpu_capability()`` says "AVX512") they run their AVX2 build, with 32-byte vectors, as on every
+    other CPU (measured on a Xeon with AVX-512: ``layer_norm`` of 8 and 16 floats led by 1e30 is NaN, of 9
+    the bias, as with AVX2)."""
+    return 32 // (8 if dtype == ir.DataType.DOUBLE else 4)
 
 
 def _squared_overflows(mean):
@@ -206,17 +210,100 @@ def aten__native_batch_norm_legit_no_training(
     input, weight=None, bias=None, running_mean=None, running_var=None, momentum: float = 0.1, eps: float = 1e-5
 ):
     """_native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)"""
-    if input.dtype != ir.DataType.DOUBLE:
-        return torchlib_core.aten__native_batch_norm_no_training(input, weight, bias, running_mean, running_var,
-                                                                 momentum, eps)
-    # BatchNormalization's epsilon is a float32 attribute: in float64 it is added to the variance here.
-    channels = op.Shape(input, start=1, end=2)
-    scale = weight if weight is not None else op.CastLike(op.ConstantOfShape(channels, value=ir.tensor([1.0])), input)
-    shift = bias if bias is not None else op.CastLike(op.ConstantOfShape(channels), input)
-    out = op.BatchNormalization(input, scale, shift, running_mean, op.Add(running_var, _scalar(eps, input)),
-                                epsilon=0.0)
-    empty = op.CastLike(op.ConstantOfShape(op.Constant(value_ints=[0])), input)  # ATen's CPU kernel saves none
+    # ATen's CPU kernel saves no statistics in eval mode: its second and third outputs are empty, as the
+    # captured graph says. torch_lib's rule returns the running mean (a float32 graph input, once its Cast
+    # to float32 is dropped) and the inverse std there: with symbolic sizes the graph input took the
+    # output's empty shape, and ONNX Runtime refused the model's first run (batch_norm(training=False) with
+    # dynamic=True).
+    if input.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and all(
+        v is None or v.dtype == input.dtype for v in (weight, bias, running_mean, running_var)
+    ):
+        channels = op.Shape(input, start=1, end=2)
+        scale = weight if weight is not None else op.CastLike(op.ConstantOfShape(channels, value=ir.tensor([1.0])), input)
+        shift = bias if bias is not None else op.CastLike(op.ConstantOfShape(channels), input)
+        if input.dtype == ir.DataType.DOUBLE:
+            # BatchNormalization's epsilon is a float32 attribute: in float64 it is added to the variance here.
+            out = op.BatchNormalization(input, scale, shift, running_mean, op.Add(running_var, _scalar(eps, input)),
+                                        epsilon=0.0)
+        else:
+            out = op.BatchNormalization(input, scale, shift, running_mean, running_var, epsilon=eps)
+    else:
+        out, _, _ = torchlib_core.aten__native_batch_norm_no_training(input, weight, bias, running_mean, running_var,
+                                                                    momentum, eps)
+    empty = op.CastLike(op.ConstantOfShape(op.Constant(value_ints=[0])), input)
     return out, empty, op.Identity(empty)
+
+
+_COMPUTED_IN_FLOAT = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+@project_rule(aten.native_batch_norm_backward.default)
+def aten_native_batch_norm_backward(
+    grad_out,
+    input,
+    weight,
+    running_mean,
+    running_var,
+    save_mean,
+    save_invstd,
+    train: bool,
+    eps: float,
+    output_mask: Sequence[bool],
+):
+    """native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor? running_mean, Tensor? running_var, Tensor? save_mean, Tensor? save_invstd, bool train, float eps, bool[3] output_mask) -> (Tensor, Tensor, Tensor)
+
+    PyTorch's decomposition, with its sums and products in the same order, except where the input
+    gradient is assembled: ``dx = (dy - (xc * k + grad_mean)) * grad_scale``, the per-channel affine map
+    ``xc * k + grad_mean`` being one BatchNormalization pass (mean 0, variance 1, epsilon 0: ONNX Runtime
+    scales by k / sqrt(1) = k exactly). The decomposition writes ``((dy - xc * k) - grad_mean) *
+    grad_scale``, a pass more over the input's size on every batch norm of a CNN's backward graph; the two
+    differ by the rounding of one addition. 16-bit floats are computed in float32, as the decomposition
+    and ATen's CPU kernel compute them.
+    """
+    given_dtype = input.dtype
+    dtype = ir.DataType.FLOAT if given_dtype in _COMPUTED_IN_FLOAT else given_dtype
+    weight_dtype = weight.dtype if weight is not None else given_dtype
+    dy, x = _cast(grad_out, dtype), _cast(input, dtype)
+    rank = len(input.shape)
+    axes = op.Constant(value_ints=[0, *range(2, rank)])
+    if train:
+        mean, invstd = _cast(save_mean, dtype), _cast(save_invstd, dtype)
+    else:
+        mean = _cast(running_mean, dtype)
+        invstd = op.Reciprocal(op.Sqrt(op.Add(_cast(running_var, dtype), _scalar(eps, x))))
+    grad_sum = op.ReduceSum(dy, axes, keepdims=0)
+    centered = op.Sub(x, _per_channel(mean, rank))
+    dot = op.ReduceSum(op.Mul(dy, centered), axes, keepdims=0)
+    grad_scale = invstd if weight is None else op.Mul(invstd, _cast(weight, dtype))
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        if train:
+            shape = list(input.shape)
+            if all(isinstance(d, int) for d in shape):
+                norm = _scalar(1.0 / (int(np.prod(shape, dtype=np.int64)) / shape[1]), x)
+            else:
+                norm = op.Reciprocal(op.CastLike(op.Div(op.Size(x), op.Shape(x, start=1, end=2)), x))
+            proj_scale = op.Mul(op.Mul(dot, norm), op.Mul(invstd, invstd))
+            grad_mean = op.Mul(grad_sum, norm)
+            if rank > 2:
+                channels = op.Shape(x, start=1, end=2)
+                zeros = op.CastLike(op.ConstantOfShape(channels), x)
+                ones = op.CastLike(op.ConstantOfShape(channels, value=ir.tensor([1.0])), x)
+                projected = op.BatchNormalization(centered, proj_scale, grad_mean, zeros, ones, epsilon=0.0)
+            else:
+                projected = op.Add(op.Mul(centered, _per_channel(proj_scale, rank)), _per_channel(grad_mean, rank))
+            grad_input = op.Mul(op.Sub(dy, projected), _per_channel(grad_scale, rank))
+        else:
+            grad_input = op.Mul(dy, _per_channel(grad_scale, rank))
+        if given_dtype != dtype:
+            grad_input = op.Cast(grad_input, to=given_dtype)
+    if output_mask[1]:
+        grad_weight = op.Mul(dot, invstd)
+        if weight_dtype != dtype:
+            grad_weight = op.Cast(grad_weight, to=weight_dtype)
+    if output_mask[2]:
+        grad_bias = grad_sum if weight_dtype == dtype else op.Cast(grad_sum, to=weight_dtype)
+    return grad_input, grad_weight, grad_bias
 
 
 def _layer_normalization(input, normalized_shape: Sequence[int], weight, bias, eps: float):

@@ -385,6 +385,28 @@ def aten_hardtanh_backward(grad_output, self, min_val, max_val):
     return select(clipped, _scalar_like(0, grad_output), grad_output)
 
 
+def _hardswish_backward(grad_output, self):
+    # ATen (torch 2.13, its decomposition too): 0 up to -3, grad * (x / 3 + 1/2) below 3, grad from 3 on and,
+    # in its scalar loop, at NaN (its vector loop makes NaN there; this follows the scalar loop). PyTorch's
+    # decomposition is two selections between tensors, which cost ONNX Runtime ~15 passes with the
+    # zero-sign guards (MobileNet's backward). Here the slope is selected first: grad * 1 is grad, a NaN and
+    # a -0.0 included, and x / 3 + 1/2 is never -0.0 (-1/2 + 1/2 is +0.0), so Where loses no zero's sign;
+    # the +0.0 up to -3 is Where's first operand, the product (which may be -0.0) its second, which Where
+    # passes as it is. Both conditions go the same way for most elements of a normalized input, where ONNX
+    # Runtime's Where is about as fast as an Add. 7 passes. (The constants are exact in float32, so
+    # CastLike keeps them.)
+    slope = op.Where(op.Less(self, op.CastLike(3.0, self)),
+                     op.Add(op.Div(self, op.CastLike(3.0, self)), op.CastLike(0.5, self)), op.CastLike(1.0, self))
+    return op.Where(op.LessOrEqual(self, op.CastLike(-3.0, self)), op.CastLike(0.0, self),
+                    op.Mul(grad_output, slope))
+
+
+@project_rule(aten.hardswish_backward.default)
+def aten_hardswish_backward(grad_output, self):
+    """hardswish_backward(Tensor grad_output, Tensor self) -> Tensor"""
+    return _opmath(_hardswish_backward, grad_output, self)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # sigmoid and the ops built on it, computed as ATen's CPU kernels compute them (1 / (1 + exp(-x)), in the
 # input's dtype; float32 for 16-bit floats). ONNX Runtime's Sigmoid (MLAS's rational approximation) is
