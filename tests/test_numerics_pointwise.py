@@ -252,7 +252,7 @@ def test_a_selection_of_a_constant_on_a_large_tensor_is_arithmetic(fn, request, 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_hardswish_backward(dtype):
+def test_hardswish_and_its_gradient(dtype):
     # pointwise.aten_hardswish_backward: bit for bit, the sign of every zero included, at and around -3 and 3.
     # Tensors of 7 elements run ATen's scalar loop, which passes the gradient at a NaN input (its vector loop
     # makes NaN there); the large tensor has no NaN input.
@@ -265,6 +265,13 @@ def test_hardswish_backward(dtype):
     big_x = torch.randn(64, 512, generator=torch.Generator().manual_seed(5)) * 3
     big_x[0, :8] = torch.tensor([-4.0, -3.0, -1.5, -1.5, 2.0, -5.0, 3.0, -0.0])
     _check(hardswish_backward, _large(dtype, special=True), big_x, dtype=dtype, grad=False)
+    # The forward as ATen computes it (ONNX Runtime's HardSwish was 2% off at -2.9999969), and its gradient
+    # through autograd, near -3 and 3 and at the specials.
+    near = torch.linspace(-3.001, -2.999, 4001)
+    specials = torch.tensor([NAN, INF, -INF, -0.0, 0.0, -3.0, 3.0, -5.0, 1e30, -1e30])
+    _check(F.hardswish, torch.cat([big_x.reshape(-1), near, torch.linspace(2.999, 3.001, 4001), specials]),
+           dtype=dtype, grad=False)
+    _check(F.hardswish, torch.cat([big_x.reshape(-1), near]), dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
