@@ -165,8 +165,8 @@ def test_rows_whose_mean_squared_overflows_are_nan_as_in_eager(norm, affine):
 def test_rows_longer_than_a_vector_are_nan_where_eager_s_are(norm, dynamic):
     """A row a whole number of vectors long is NaN where its first lane's mean squared overflows, one with a
     scalar tail never (the bias): in eager [1e30, 1, ...] of 16 floats is NaN and [1, 1e30, 1, ...] the bias;
-    of 9 or 17 floats both are the bias (AVX2's 8-float vectors, which these kernels use on AVX-512 CPUs too). With symbolic sizes
-    the rule is chosen at run time."""
+    of 9 or 17 floats both are the bias (AVX2's 8-float vectors, which these kernels use on AVX-512 CPUs too).
+    With symbolic sizes the rule is chosen at run time."""
     rows = []
     for n in (9, 16, 17, 32):
         for position in (0, 1, 8):

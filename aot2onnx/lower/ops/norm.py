@@ -11,7 +11,7 @@ float32, and ONNX's ``epsilon`` attributes are float32, so a float64 model would
 Layer and group norm rows are NaN where ATen's CPU kernel makes them NaN. Its Welford moments
 (``RowwiseMoments``) fold the partial moments of the vector lanes (and of the scalar tail) together with a term
 ``delta * delta * c * m0`` that is ``inf * 0`` when a partial mean squared overflows against a count of 0: for a
-row shorter than one vector (8 floats, 4 doubles with AVX2; twice that with AVX-512), when its mean squared
+row shorter than one vector (8 floats, 4 doubles, on AVX-512 CPUs too), when its mean squared
 overflows; for a row a whole number of vectors long, when the mean of its first lane (elements 0, W, 2W, ...)
 squared does; otherwise never (a variance past the range gives rstd 0 and the bias). ``layer_norm([1e30, 1, 2,
 3])`` is NaN, ``layer_norm([2e19, -2e19, 0, 0])`` the bias. The vector is AVX2's on AVX-512 CPUs too
@@ -56,6 +56,11 @@ def _cast(value, dtype: ir.DataType):
 def _per_channel(value, rank: int):
     """Reshapes a (C,) value to broadcast against an (N, C, *spatial) input."""
     return op.Reshape(value, op.Constant(value_ints=[1, -1] + [1] * (rank - 2)))
+
+
+def _per_channel_fill(input, value: float):
+    """A (C,) vector of ``value`` in ``input``'s dtype, C being ``input``'s channel count (axis 1)."""
+    return op.CastLike(op.ConstantOfShape(op.Shape(input, start=1, end=2), value=ir.tensor([value])), input)
 
 
 def _vector_width(dtype: ir.DataType) -> int:
@@ -129,9 +134,8 @@ def _batch_norm_training(input, weight, bias, eps: float):
         # BatchNormalization with the batch statistics (on 32 x 32 x 64 x 64: 3.5 against 4.1 ms for
         # the whole op spelled as Mul, Mul, Add). Its epsilon is a float32 attribute: in float64 the
         # variance comes with eps added already.
-        channels = op.Shape(input, start=1, end=2)
-        scale = weight if weight is not None else op.CastLike(op.ConstantOfShape(channels, value=ir.tensor([1.0])), input)
-        shift = bias if bias is not None else op.CastLike(op.ConstantOfShape(channels), input)
+        scale = weight if weight is not None else _per_channel_fill(input, 1.0)
+        shift = bias if bias is not None else _per_channel_fill(input, 0.0)
         if input.dtype == ir.DataType.DOUBLE:
             out = op.BatchNormalization(input, scale, shift, save_mean, op.Reshape(var_eps, flat), epsilon=0.0)
         else:
@@ -218,9 +222,8 @@ def aten__native_batch_norm_legit_no_training(
     if input.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and all(
         v is None or v.dtype == input.dtype for v in (weight, bias, running_mean, running_var)
     ):
-        channels = op.Shape(input, start=1, end=2)
-        scale = weight if weight is not None else op.CastLike(op.ConstantOfShape(channels, value=ir.tensor([1.0])), input)
-        shift = bias if bias is not None else op.CastLike(op.ConstantOfShape(channels), input)
+        scale = weight if weight is not None else _per_channel_fill(input, 1.0)
+        shift = bias if bias is not None else _per_channel_fill(input, 0.0)
         if input.dtype == ir.DataType.DOUBLE:
             # BatchNormalization's epsilon is a float32 attribute: in float64 it is added to the variance here.
             out = op.BatchNormalization(input, scale, shift, running_mean, op.Add(running_var, _scalar(eps, input)),
@@ -286,10 +289,8 @@ def aten_native_batch_norm_backward(
             proj_scale = op.Mul(op.Mul(dot, norm), op.Mul(invstd, invstd))
             grad_mean = op.Mul(grad_sum, norm)
             if rank > 2:
-                channels = op.Shape(x, start=1, end=2)
-                zeros = op.CastLike(op.ConstantOfShape(channels), x)
-                ones = op.CastLike(op.ConstantOfShape(channels, value=ir.tensor([1.0])), x)
-                projected = op.BatchNormalization(centered, proj_scale, grad_mean, zeros, ones, epsilon=0.0)
+                projected = op.BatchNormalization(centered, proj_scale, grad_mean, _per_channel_fill(x, 0.0),
+                                                  _per_channel_fill(x, 1.0), epsilon=0.0)
             else:
                 projected = op.Add(op.Mul(centered, _per_channel(proj_scale, rank)), _per_channel(grad_mean, rank))
             grad_input = op.Mul(op.Sub(dy, projected), _per_channel(grad_scale, rank))
