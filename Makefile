@@ -8,6 +8,12 @@ STAMP := $(VENV)/.aot2onnx-installed
 PIP_VERSION := 26.3
 TORCH := torch==2.13.0
 LATEST := .venv-latest
+# The suite runs in pytest-xdist workers, one test file per worker at a time (`--dist loadfile`: the OpInfo
+# sweep's last test regenerates opset_tables/ from the records of that file's other tests). Most of a test
+# is single-threaded Python (tracing, lowering, session creation), so 2 workers on 2 cores take about half
+# the time of one. TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 2
+PYTEST := -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: demo test test-slow lint bench clean check-latest lock
 
@@ -27,10 +33,10 @@ lint: $(STAMP)
 	$(PY) -m ruff check aot2onnx tests examples scripts
 
 test: $(STAMP) lint
-	$(PY) -m pytest -q
+	$(PY) $(PYTEST)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow
+	$(PY) $(PYTEST) -m slow
 
 # The training-step benchmark (eager vs inductor vs aot2onnx): writes BENCHMARKS.md and docs/benchmarks.png.
 # matplotlib draws the chart; it is only needed here. Pass options with BENCH_ARGS="--models mlp --rounds 3".
@@ -56,7 +62,7 @@ check-latest:
 	@$(LATEST)/bin/python scripts/lock.py freeze $(LATEST)/bin/python > $(LATEST)/requirements.lock
 	@echo "newest releases against requirements.lock:"; diff requirements.lock $(LATEST)/requirements.lock || true
 	$(LATEST)/bin/python -m ruff check aot2onnx tests examples scripts
-	$(LATEST)/bin/python -m pytest -q -p no:cacheprovider
+	$(LATEST)/bin/python $(PYTEST) -p no:cacheprovider
 	touch $(LATEST)/.passed
 
 lock:
