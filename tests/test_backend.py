@@ -225,3 +225,45 @@ def test_user_lowering_for_a_custom_op():
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(fn, backend="aot2onnx")(x), fn(x), rtol=1e-5, atol=1e-6)
     assert [g.runs for g in aot2onnx.compiled_graphs()] == [1]
+
+
+@torch.library.custom_op("aot2onnx_test::row_sums", mutates_args=())
+def row_sums(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(-1, keepdim=True)
+
+
+row_sums.register_fake(lambda x: x.new_empty((*x.shape[:-1], 1)))
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_an_output_of_another_shape_than_the_aten_graph_s_is_an_error(dynamic):
+    """A rule whose output has another shape than the op's (here keepdim dropped: (n,) for (n, 1)) must not
+    reach the caller: ONNX Runtime only logs it, and eager code after the graph would broadcast it,
+    x - (n,) giving an (n, n) matrix of wrong numbers."""
+    from onnxscript import opset18 as op
+
+    from aot2onnx.errors import RuntimeSessionError
+
+    @aot2onnx.register_lowering(torch.ops.aot2onnx_test.row_sums.default)
+    def lower_row_sums(x):
+        return op.ReduceSum(x, op.Constant(value_ints=[-1]), keepdims=0)
+
+    fn = lambda x: torch.ops.aot2onnx_test.row_sums(x * 2)
+    compiled = torch.compile(fn, backend="aot2onnx", dynamic=dynamic)
+    with torch.no_grad(), pytest.raises(RuntimeSessionError, match=r"of shape \[4\], where the graph declares \[4, 1\]|"
+                                                                   r"of shape \[4\], where the graph declares \['s\w+', 1\]"):
+        compiled(torch.randn(4, 3))
+
+    # The right rule runs, on the same sizes and (dynamic) on new ones.
+    aot2onnx.unregister_lowering(torch.ops.aot2onnx_test.row_sums.default)
+
+    @aot2onnx.register_lowering(torch.ops.aot2onnx_test.row_sums.default)
+    def lower_row_sums_keepdim(x):
+        return op.ReduceSum(x, op.Constant(value_ints=[-1]), keepdims=1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot2onnx", dynamic=dynamic)
+    with torch.no_grad():
+        for rows in (4, 6):
+            x = torch.randn(rows, 3)
+            torch.testing.assert_close(compiled(x), fn(x), rtol=1e-5, atol=1e-6)

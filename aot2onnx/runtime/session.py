@@ -192,6 +192,16 @@ def providers_for(device: torch.device, options: Options) -> list[str | tuple[st
 
 
 _MISSING_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
+def _declared_dims(value: onnx.ValueInfoProto) -> tuple[int | str | None, ...] | None:
+    """A graph input's or output's declared shape: a size, a symbol's name, or None per dim; None if no rank."""
+    tensor_type = value.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        return None
+    return tuple(
+        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim
+    )
+
+
 # Other errors ONNX Runtime raises about one node of a model it loads name it like this (shape and type
 # inference: "Node (node_Unsqueeze_40) Op (Unsqueeze) [ShapeInferenceError] ...", "... in node (node_Mul_3)").
 _NAMED_NODE = re.compile(r"[Nn]ode \(([^)]+)\)")
@@ -393,6 +403,11 @@ class OrtGraph:
         # ONNX Runtime hands bool tensors to DLPack as uint8; the output's declared type says which they are.
         declared = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
         self._bool_outputs = [declared.get(n) == onnx.TensorProto.BOOL for n in self._onnx_outputs]
+        # The shapes the graph declares (FX's, for every input and output), which ONNX Runtime does not enforce
+        # on outputs it allocates: see _check_shapes.
+        self._input_dims = {i.name: _declared_dims(i) for i in model.graph.input}
+        output_dims = {o.name: _declared_dims(o) for o in model.graph.output}
+        self._output_dims = [output_dims.get(n) for n in (*self._onnx_outputs, *(m.onnx_name for m in self._mutations))]
         # Per input: the (address, shape, dtype) bound last. Parameters keep their memory from step to
         # step, so most inputs need no new binding.
         self._bound: dict[str, tuple[int, tuple[int, ...], int]] = {}
@@ -543,6 +558,7 @@ class OrtGraph:
         keep_alive = []
         with self._lock:
             binding = self._binding
+            new_shapes = False
             for spec, arg in zip(self.signature.inputs, args):
                 if spec.kind is InputKind.UNUSED:
                     continue
@@ -562,10 +578,12 @@ class OrtGraph:
                 if dtype is None:
                     raise RuntimeSessionError(f"graph {self.name!r}: ONNX Runtime cannot take {arg.dtype} tensors")
                 bound = (arg.data_ptr(), tuple(arg.shape), dtype)
-                if self._bound.get(spec.onnx_name) != bound:
+                previous = self._bound.get(spec.onnx_name)
+                if previous != bound:
                     # A binding only records an address and a shape: the same ones bind the same memory.
                     binding.bind_input(spec.onnx_name, self._ort_device, dtype, list(bound[1]), bound[0])
                     self._bound[spec.onnx_name] = bound
+                    new_shapes = new_shapes or previous is None or previous[1] != bound[1]
             # Outputs are bound afresh on every run: an output ONNX Runtime allocated in the last run stays
             # bound and would be written over in place, under a tensor the caller still holds. (Outputs
             # allocated by torch and bound by address would save the DLPack conversions, about 0.15 ms
@@ -590,6 +608,8 @@ class OrtGraph:
                 results = values.to_dlpacks(_from_capsule)
             else:
                 results = [torch.from_dlpack(values[i]) for i in range(len(values))]
+            if new_shapes:
+                self._check_shapes(results)
             for index, position in copied:
                 args[index].detach().copy_(results[position])
             del results[len(self._onnx_outputs):]
@@ -597,6 +617,34 @@ class OrtGraph:
             if is_bool and results[i].dtype != torch.bool:
                 results[i] = results[i].view(torch.bool)
         return results
+
+    def _check_shapes(self, results: Sequence[torch.Tensor]) -> None:
+        """Raises where an output's shape is not the one the graph declares (FX's: the ATen op's). ONNX Runtime
+        only logs that, and a tensor of another shape would go on into the caller's code, where broadcasting
+        can turn it into wrong numbers without an error. Run on a graph's first call and whenever an input's
+        shape changed: rank and static sizes, and symbolic sizes named by an input (the same symbol, the
+        same size). A mismatch is a lowering rule's bug."""
+        sizes: dict[str, int] = {}
+        for name, dims in self._input_dims.items():
+            bound = self._bound.get(name)
+            if dims is not None and bound is not None:
+                for dim, size in zip(dims, bound[1]):
+                    if isinstance(dim, str):
+                        sizes.setdefault(dim, size)
+        names = (*self._onnx_outputs, *(m.onnx_name for m in self._mutations))
+        for name, dims, result in zip(names, self._output_dims, results):
+            if dims is None:
+                continue
+            shape = tuple(result.shape)
+            if len(shape) != len(dims) or any(
+                (isinstance(dim, int) and size != dim) or (isinstance(dim, str) and sizes.get(dim, size) != size)
+                for dim, size in zip(dims, shape)
+            ):
+                raise RuntimeSessionError(
+                    f"graph {self.name!r}: ONNX Runtime returned output {name!r} of shape {list(shape)}, where the "
+                    f"graph declares {list(dims)} (from the ATen graph; symbolic sizes here: {sizes}). The lowering "
+                    "computed something other than the ATen op: a bug of aot2onnx's, please report it"
+                )
 
     def _bind_mutations(self, args: Sequence[Any], binding: Any) -> list[tuple[int, int]]:
         """Binds the outputs holding the written inputs' new values, after the returned outputs: on the
