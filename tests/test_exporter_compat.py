@@ -26,3 +26,14 @@ def test_no_other_module_imports_the_exporter_privately():
         if path.name != "_exporter_compat.py" and "torch.onnx._internal" in path.read_text()
     ]
     assert offenders == []
+
+
+def test_the_recorder_method_aot2onnx_overrides_is_there():
+    # Recorder (float64 scalars kept exact) overrides the exporter's OpRecorder._call_op by its signature.
+    import inspect
+
+    method = getattr(_exporter_compat.OpRecorder, "_call_op", None)
+    assert method is not None, "OpRecorder._call_op moved"
+    assert list(inspect.signature(method).parameters) == [
+        "self", "op_signature", "named_inputs", "named_attrs", "num_outputs"
+    ]

@@ -148,7 +148,7 @@ def _lower_call(
     if kwargs.get("dtype", 0) is None:
         kwargs["dtype"] = -1  # torch_lib's spelling of "no dtype given"
 
-    tracer = exporter.OpRecorder(opset, constant_farm)
+    tracer = exporter.Recorder(opset, constant_farm)
     with onnxscript.evaluator.default_as(tracer):
         try:
             outputs = rule.function(*args, **kwargs)

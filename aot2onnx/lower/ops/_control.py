@@ -18,7 +18,7 @@ _bodies = itertools.count()
 
 def _trace(body: Callable[[], Sequence[ir.Value]], prefix: str) -> ir.Graph:
     """The graph of the values ``body()`` returns, with no inputs of its own: it reads the enclosing graph's."""
-    recorder = exporter.OpRecorder(onnxscript.evaluator.default().opset, {})
+    recorder = exporter.Recorder(onnxscript.evaluator.default().opset, {})
     with onnxscript.evaluator.default_as(recorder):
         results = body()
         outputs = [op.Identity(v) for v in results]
@@ -58,7 +58,7 @@ def loop(trip_count: int | ir.Value, carried: Sequence[ir.Value], body: Callable
     carried value must have its dtype set.
     """
     outer = onnxscript.evaluator.default()
-    recorder = exporter.OpRecorder(outer.opset, {})
+    recorder = exporter.Recorder(outer.opset, {})
     counter = ir.Value(name=None, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
     condition = ir.Value(name=None, type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
     inputs = [ir.Value(name=None, type=ir.TensorType(v.dtype)) for v in carried]

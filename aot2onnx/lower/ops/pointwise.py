@@ -13,6 +13,7 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
+from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
 
 from aot2onnx.lower.ops._common import static_dims
 from aot2onnx.lower.ops._control import cond
@@ -496,6 +497,90 @@ def _log1p(x):
 def aten_log1p(self):
     """log1p(Tensor self) -> Tensor"""
     return _opmath(_log1p, self)
+
+
+def _expm1(x):
+    # exp(x) - 1 loses x's digits near 0, as 1 + x does in log1p (float32 expm1(1e-6) was 9.54e-7, 5% off, and
+    # expm1(-1e-8) 0; elu, celu and selu near 0 with them). With u = exp(x) rounded, (u - 1) * x / log(u) is
+    # within a few ULPs of expm1(x) (Kahan's trick: u - 1 is exact, x / log(u) scales it back for the
+    # rounding of u). That fails where u is 1 (then expm1(x) is x, as ATen gives for tiny x and -0.0), where u
+    # - 1 is -1 (x below about -17 in float32: expm1 is -1; -inf: u is 0), and where u is +inf (inf * x /
+    # inf; expm1 is +inf there, and NaN stays NaN through the product).
+    one = op.CastLike(1.0, x)
+    u = op.Exp(x)
+    u_minus_1 = op.Sub(u, one)
+    scaled = op.Mul(u_minus_1, op.Div(x, op.Log(u)))  # x / log(u) first: (u - 1) * x overflows near exp's limit
+    # x goes to Where's second operand, the one that keeps -0.0 (see select); scaled is never zero. (u != 1
+    # as |u - 1| > 0: ONNX Runtime turns Where(Not(c), a, b) into Where(c, b, a), which loses x's -0.0.)
+    kept = op.Where(op.Greater(op.Abs(u_minus_1), op.CastLike(0.0, x)), scaled, x)
+    saturated = op.Or(op.Equal(u_minus_1, op.Neg(one)), op.IsInf(u, detect_negative=0))
+    return op.Where(saturated, u_minus_1, kept)
+
+
+@project_rule(aten.expm1.default)
+def aten_expm1(self):
+    """expm1(Tensor self) -> Tensor"""
+    return _opmath(_expm1, self)
+
+
+def _opmath_scalar(value: float, dtype: ir.DataType) -> np.ndarray:
+    """A scalar as ATen's CPU kernels hold it: float32 for float32 and 16-bit floats, float64 for float64."""
+    return np.array(value, dtype=np.float64 if dtype == ir.DataType.DOUBLE else np.float32)
+
+
+@project_rule(aten.elu.default)
+def aten_elu(self, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0):
+    """elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor"""
+    if self.dtype not in _FLOATS:
+        return torchlib_nn.aten_elu(self, alpha, scale, input_scale)
+    # ATen (Activation.cpp): x <= 0 ? expm1(x * input_scale) * (alpha * scale) : x * scale, its coefficients
+    # multiplied in the op's compute type. ONNX Runtime's Elu is alpha * (exp(x) - 1): 0.14% off at -1e-5 in
+    # float32, and its alpha an attribute, float32 in a float64 graph.
+    negative_coefficient = _opmath_scalar(alpha, self.dtype) * _opmath_scalar(scale, self.dtype)
+
+    def elu(x):
+        def constant(value):
+            return op.Constant(value=ir.tensor(np.array(value, dtype=x.dtype.numpy())))
+
+        negative = op.Mul(_expm1(op.Mul(x, constant(_opmath_scalar(input_scale, x.dtype)))), constant(negative_coefficient))
+        # x > 0 rather than ATen's x <= 0 (the same for NaN: expm1 keeps it), so that the negative side, -0.0
+        # for -0.0, is Where's second operand, the one that keeps -0.0 (see select).
+        return op.Where(op.Greater(x, constant(0.0)), op.Mul(x, constant(_opmath_scalar(scale, x.dtype))), negative)
+
+    return _opmath(elu, self)
+
+
+@project_rule(aten.celu.default)
+def aten_celu(self, alpha: float = 1.0):
+    """celu(Tensor self, Scalar alpha=1.0) -> Tensor"""
+    # ATen's celu is elu(x, alpha, 1, 1 / alpha), 1 / alpha in double. (torch_lib computed it in float32, a
+    # float64 input included, with exp(x) - 1.)
+    return aten_elu(self, alpha, 1.0, 1.0 / alpha)
+
+
+# ONNX Runtime's float64 Softplus and Mish are log(1 + exp(x)): softplus(-50) was 0 (eager 1.9e-22) and
+# softplus(-20) 3e-8 relatively off. ATen computes log1p(exp(x)) in double. Its float32 kernels are MLAS's
+# and match eager within a few ULPs, so float32 and 16-bit floats keep torch_lib's.
+
+
+@project_rule(aten.softplus.default)
+def aten_softplus(self, beta: float = 1.0, threshold: float = 20.0):
+    """softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor"""
+    if self.dtype != ir.DataType.DOUBLE:
+        return torchlib_nn.aten_softplus(self, beta, threshold)
+    # ATen: x * beta > threshold ? x : log1p(exp(x * beta)) / beta. The x side is Where's first operand: it is
+    # above threshold / beta there, never -0.0 (Where's first operand loses it; see select).
+    beta_ = _scalar_like(beta, self)
+    scaled = op.Mul(self, beta_)
+    return op.Where(op.Greater(scaled, _scalar_like(threshold, self)), self, op.Div(_log1p(op.Exp(scaled)), beta_))
+
+
+@project_rule(aten.mish.default)
+def aten_mish(self):
+    """mish(Tensor self) -> Tensor"""
+    if self.dtype != ir.DataType.DOUBLE:
+        return torchlib_nn.aten_mish(self)
+    return op.Mul(self, op.Tanh(_log1p(op.Exp(self))))  # ATen: x * tanh(log1p(exp(x)))
 
 
 @project_rule(aten.tanh.default)
