@@ -179,17 +179,25 @@ def _lower_call(
         for i, (output, meta) in enumerate(zip(outputs, metas)):
             if output is None:
                 continue
-            exporter.set_shape_type(output, meta, complex_to_float=True)
+            _set_shape_type(output, meta)
             output.name = f"{node.name}__{i}"
         values[node.name] = outputs
     else:
         outputs = own(outputs)
-        exporter.set_shape_type(outputs, meta_val, complex_to_float=True)
+        _set_shape_type(outputs, meta_val)
         outputs.name = node.name
         values[node.name] = outputs
     for ir_node in tracer.nodes:
         exporter.set_node_metadata(node, ir_node)  # the exporter's provenance keys: FX node, stack, scope
     graph.extend(tracer.nodes)
+
+
+def _set_shape_type(value: ir.Value, meta: Any) -> None:
+    """A rule output's type and shape, FX's. A complex tensor is carried as a real one with a last axis of 2,
+    which the exporter adds only to a value without a dtype yet: the recorder gives its outputs theirs."""
+    if isinstance(meta, torch.Tensor) and meta.dtype.is_complex:
+        value.dtype = None
+    exporter.set_shape_type(value, meta, complex_to_float=True)
 
 
 def _exact_key(arg: Any) -> Any:
