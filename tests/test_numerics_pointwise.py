@@ -177,6 +177,22 @@ def test_python_scalars_stay_float64(fn):
     _check(fn, x, y, dtype=torch.float64, ulps=4, grad_ulps=8)
 
 
+@pytest.mark.parametrize("args", [(0.0, 1000.0, 0.1), (0.1, 0.8, 0.1), (-3.0, 3.0, 0.37), (1.5, -2.0, -0.25),
+                                  (0.0, 1e-3, 1e-7), (0, 17, 3), (16777210, 16777230, 1)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_arange_of_floats(args, dtype):
+    # torch_lib's float arange was a float32 Range, which ONNX Runtime runs by adding the step to a running
+    # value: float32 arange(0, 1000, 0.1) ended at 999.8029 (eager 999.9), and float64's was float32's. Now
+    # start + step * i in double, as ATen's scalar loop; its vector loop adds i * step to a rounded base, so
+    # elements may be an ULP of the bounds apart (more ULPs of an element near 0, after the cancellation).
+    fn = lambda x: torch.arange(*args, dtype=dtype) + x
+    eager, compiled = fn(torch.zeros((), dtype=dtype)), torch.compile(fn, backend="aot2onnx")(torch.zeros((), dtype=dtype))
+    assert compiled.shape == eager.shape and compiled.dtype == eager.dtype
+    bound = torch.tensor(float(max(abs(a) for a in args[:2])), dtype=dtype)
+    tolerance = float(_ulps(bound)) * 2
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=tolerance)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_log_sigmoid_tail(dtype):
     # log_sigmoid decomposes to min(x, 0) - log1p(exp(-|x|)): the tail for positive x is log1p of tiny values.

@@ -723,6 +723,52 @@ def aten_full(size: Sequence[int], fill_value, dtype: int = -1, layout: str = ""
     return op.Expand(_scalar(fill_value, data_type), _shape(size))
 
 
+def _arange(start, end, step, dtype: int):
+    """ATen's arange where it gives floats from Python numbers; None where torch_lib's is exact."""
+    numbers = (start, end, step)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+        return None  # symbolic bounds: integers, which Range makes exactly
+    if dtype in (-1, None):
+        data_type = ir.DataType.INT64 if all(isinstance(v, int) for v in numbers) else _fill_type(0.0)
+    else:
+        data_type = ir.DataType(dtype)
+    if not data_type.is_floating_point():
+        return None
+    # torch_lib's is a float32 Range: ONNX Runtime's adds the step to a running value, so float32
+    # arange(0, 1000, 0.1) ended at 999.8029 (eager 999.9), and float64 arange was float32's. ATen's CPU kernel
+    # (RangeFactories.cpp): ceil((end - start) / step) elements, start + step * i in double (float for 16-bit
+    # floats), rounded once to the dtype. The positions are an integer Range, exact.
+    count = max(0, math.ceil((float(end) - float(start)) / float(step)))
+    compute = ir.DataType.FLOAT if data_type in _HALVES else ir.DataType.DOUBLE
+    positions = op.Cast(op.Range(op.Constant(value=ir.tensor(0, dtype=ir.DataType.INT64)),
+                                 op.Constant(value=ir.tensor(count, dtype=ir.DataType.INT64)),
+                                 op.Constant(value=ir.tensor(1, dtype=ir.DataType.INT64))), to=compute)
+    values = op.Add(_scalar(float(start), compute), op.Mul(_scalar(float(step), compute), positions))
+    return values if compute == data_type else op.Cast(values, to=data_type)
+
+
+@project_rule(aten.arange.start_step)
+def aten_arange_start_step(start, end, step=1, dtype: int = -1, layout: str = "", device: str = "",
+                           pin_memory: bool = False):
+    """arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
+    result = _arange(start, end, step, dtype)
+    return torchlib_core.aten_arange_start_step(start, end, step, dtype) if result is None else result
+
+
+@project_rule(aten.arange.start)
+def aten_arange_start(start, end, dtype: int = -1, layout: str = "", device: str = "", pin_memory: bool = False):
+    """arange.start(Scalar start, Scalar end, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
+    result = _arange(start, end, 1, dtype)
+    return torchlib_core.aten_arange_start(start, end, dtype) if result is None else result
+
+
+@project_rule(aten.arange.default)
+def aten_arange(end, dtype: int = -1, layout: str = "", device: str = "", pin_memory: bool = False):
+    """arange(Scalar end, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
+    result = _arange(0, end, 1, dtype)
+    return torchlib_core.aten_arange(end, dtype) if result is None else result
+
+
 @project_rule(aten.full_like.default)
 def aten_full_like(self, fill_value, dtype: int = -1, layout: str = "", device: str = "", pin_memory: bool = False,
                    memory_format: str = ""):
