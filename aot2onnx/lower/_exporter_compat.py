@@ -137,7 +137,7 @@ class Recorder(OpRecorder):
                 # A scalar constant (an onnxscript function's attribute, made a float32 Constant): its Python
                 # value, for a Cast of it to float64 (below).
                 (key, value), = named_attrs.items()
-                value = value.value if isinstance(value, _ir.Attr) else value
+                value = _attr_value(value)
                 if key in ("value_float", "value_int") and isinstance(value, (int, float)):
                     outputs[0].meta[_PYTHON_SCALAR] = value
         _set_dtypes(op_signature, named_inputs, named_attrs, outputs)
