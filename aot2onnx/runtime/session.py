@@ -192,6 +192,8 @@ def providers_for(device: torch.device, options: Options) -> list[str | tuple[st
 
 
 _MISSING_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
+
+
 def _declared_dims(value: onnx.ValueInfoProto) -> tuple[int | str | None, ...] | None:
     """A graph input's or output's declared shape: a size, a symbol's name, or None per dim; None if no rank."""
     tensor_type = value.type.tensor_type
@@ -407,7 +409,8 @@ class OrtGraph:
         # on outputs it allocates: see _check_shapes.
         self._input_dims = {i.name: _declared_dims(i) for i in model.graph.input}
         output_dims = {o.name: _declared_dims(o) for o in model.graph.output}
-        self._output_dims = [output_dims.get(n) for n in (*self._onnx_outputs, *(m.onnx_name for m in self._mutations))]
+        # In the order of the run's results: the returned outputs, then the written inputs' new values.
+        self._output_dims = [(n, output_dims.get(n)) for n in (*self._onnx_outputs, *(m.onnx_name for m in self._mutations))]
         # Per input: the (address, shape, dtype) bound last. Parameters keep their memory from step to
         # step, so most inputs need no new binding.
         self._bound: dict[str, tuple[int, tuple[int, ...], int]] = {}
@@ -631,8 +634,7 @@ class OrtGraph:
                 for dim, size in zip(dims, bound[1]):
                     if isinstance(dim, str):
                         sizes.setdefault(dim, size)
-        names = (*self._onnx_outputs, *(m.onnx_name for m in self._mutations))
-        for name, dims, result in zip(names, self._output_dims, results):
+        for (name, dims), result in zip(self._output_dims, results):
             if dims is None:
                 continue
             shape = tuple(result.shape)

@@ -539,13 +539,12 @@ def aten_elu(self, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 
     negative_coefficient = _opmath_scalar(alpha, self.dtype) * _opmath_scalar(scale, self.dtype)
 
     def elu(x):
-        def constant(value):
-            return op.Constant(value=ir.tensor(np.array(value, dtype=x.dtype.numpy())))
-
-        negative = op.Mul(_expm1(op.Mul(x, constant(_opmath_scalar(input_scale, x.dtype)))), constant(negative_coefficient))
+        negative = op.Mul(_expm1(op.Mul(x, _scalar_like(_opmath_scalar(input_scale, x.dtype), x))),
+                          _scalar_like(negative_coefficient, x))
         # x > 0 rather than ATen's x <= 0 (the same for NaN: expm1 keeps it), so that the negative side, -0.0
         # for -0.0, is Where's second operand, the one that keeps -0.0 (see select).
-        return op.Where(op.Greater(x, constant(0.0)), op.Mul(x, constant(_opmath_scalar(scale, x.dtype))), negative)
+        return op.Where(op.Greater(x, _scalar_like(0.0, x)), op.Mul(x, _scalar_like(_opmath_scalar(scale, x.dtype), x)),
+                        negative)
 
     return _opmath(elu, self)
 
