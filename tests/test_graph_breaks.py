@@ -1,6 +1,7 @@
-"""What Dynamo leaves to eager PyTorch before aot2onnx sees it: RNN modules (``allow_rnn``) and BatchNorm with
-``momentum=None``. Both train as eager PyTorch does; aot2onnx says so once per process
-(``aot2onnx/compile/graph_breaks.py``); with ``allow_rnn=True`` LSTM and GRU train on ONNX Runtime."""
+"""What Dynamo leaves to eager PyTorch before aot2onnx sees it: RNN modules (``allow_rnn``), BatchNorm with
+``momentum=None`` and nn.Transformer's layers after a mask given without ``is_causal``. They train as eager
+PyTorch does; aot2onnx says so once per process (``aot2onnx/compile/graph_breaks.py``); with ``allow_rnn=True``
+LSTM and GRU train on ONNX Runtime, and so does nn.Transformer given ``tgt_is_causal``."""
 
 from __future__ import annotations
 
@@ -46,6 +47,14 @@ _SCRIPT = textwrap.dedent(
         def forward(self, x):
             return self.head(self.bn1(self.fc(self.bn2(self.conv(x)).relu().flatten(1))).relu())
 
+    class MaskedTransformer(nn.Module):  # the decoder's causal-mask check breaks the graph
+        def __init__(self):
+            super().__init__()
+            self.t = nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                    dim_feedforward=16, dropout=0.0, batch_first=True)
+        def forward(self, x):
+            return self.t(x, x[:, :4], tgt_mask=nn.Transformer.generate_square_subsequent_mask(4))
+
     def train(model, inputs, backend):
         import aot2onnx
         aot2onnx.reset_compiled_graphs()
@@ -78,6 +87,7 @@ _SCRIPT = textwrap.dedent(
         "batchnorm_sequential": train(
             nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8, momentum=None), nn.ReLU(), nn.Linear(8, 2)),
             [torch.randn(4, 6) for _ in range(2)], "aot2onnx"),
+        "transformer": train(MaskedTransformer(), [torch.randn(2, 5, 8) for _ in range(2)], "aot2onnx"),
     }))
     """
 )
@@ -100,8 +110,31 @@ def test_what_dynamo_leaves_to_pytorch_is_told_once_per_process(tmp_path):
     assert "BatchNorm with momentum=None" in batchnorm and "give the BatchNorm a momentum" in batchnorm
     assert result["batchnorm"]["ort_graphs"] > 0  # the convolution and the linear layers ran on ONNX Runtime
     assert result["batchnorm_sequential"]["told"] == []
+    (transformer,) = result["transformer"]["told"]
+    assert "_detect_is_causal_mask" in transformer and "pass the is_causal argument" in transformer
     # The warning points at the user's line that called the compiled model, not into torch or aot2onnx.
-    assert result["lstm"]["where"] == [str(script)] and result["batchnorm"]["where"] == [str(script)]
+    for name in ("lstm", "batchnorm", "transformer"):
+        assert result[name]["where"] == [str(script)], name
+
+
+class _CausalTransformer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.t = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32,
+                                dropout=0.0, batch_first=True)
+
+    def forward(self, src, tgt, padding):
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        return self.t(src, tgt, tgt_mask=mask, src_key_padding_mask=padding, tgt_is_causal=True).square().mean()
+
+
+def test_transformer_given_is_causal_trains_on_onnx_runtime():
+    """The warning's advice: with tgt_is_causal the whole model reaches aot2onnx (assert_parity fails where torch
+    runs model compute) and trains as eager does."""
+    g = torch.Generator().manual_seed(5)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    assert_parity(_CausalTransformer, (torch.randn(2, 5, 16, generator=g), torch.randn(2, 4, 16, generator=g), padding),
+                  steps=3)
 
 
 class _RecurrentLM(nn.Module):

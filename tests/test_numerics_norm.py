@@ -318,3 +318,54 @@ def test_logsumexp_of_rows_holding_nan_and_inf(dtype):
     _check(lambda x: (torch.logsumexp(x, dim=1), torch.logsumexp(x, dim=-1, keepdim=True),
                       torch.logsumexp(x, dim=(0, 1))), x, dtype=dtype, grad=False)
     _check(lambda x: torch.logsumexp(x, dim=0), torch.randn(4, 5) * 30, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# weight norm: its backward op has no PyTorch decomposition (it ran in PyTorch before it had a rule)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, dim", [((6, 5), 0), ((6, 5), 1), ((4, 3, 3, 2), 0), ((4, 3, 3, 2), 3)],
+                         ids=["linear-0", "linear-last", "conv-0", "conv-last"])
+def test_weight_norm_gradients(dtype, shape, dim):
+    """``torch._weight_norm`` (what ``nn.utils.parametrizations.weight_norm`` calls) over the first or last
+    axis: the weight, and the gradients of v and g, against ATen's CPU kernel."""
+    torch.manual_seed(0)
+    v = torch.randn(shape) * 2
+    keep = [s if i == dim else 1 for i, s in enumerate(shape)]
+    g = torch.rand(keep) + 0.5
+    _check(lambda v, g: torch._weight_norm(v, g, dim), v, g, dtype=dtype, ulps=8)
+
+
+def test_weight_norm_parametrization_trains_like_eager():
+    """A weight-normed Conv1d and Linear (WaveNet/HiFi-GAN style) for three SGD steps: losses, gradients and
+    the parametrization's original0 (g) and original1 (v) after the steps. (float32: ONNX Runtime has no
+    float64 Conv.)"""
+    from aot2onnx.testing import assert_parity
+
+    def make():
+        wn = torch.nn.utils.parametrizations.weight_norm
+        return torch.nn.Sequential(wn(torch.nn.Conv1d(3, 4, 3)), torch.nn.Tanh(), torch.nn.Flatten(),
+                                   wn(torch.nn.Linear(24, 2), dim=1))
+
+    assert_parity(make, (torch.randn(5, 3, 8),), loss_fn=lambda o: o.square().mean(), steps=3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_weight_norm_of_a_vector_has_one_norm_per_element(dtype):
+    """A 1-D v has one norm per element in ATen's kernel: w = sign(v) * g, whose gradient in v is 0 up to the
+    rounding of ``a * grad - b * v`` (eager's is rounding noise too). PyTorch's decomposition took the whole
+    vector's norm."""
+    torch.manual_seed(0)
+    v, g = (torch.randn(7) * 2).to(dtype), (torch.rand(7) + 0.5).to(dtype)
+    ve, vc = v.clone().requires_grad_(), v.clone().requires_grad_()
+    ge, gc = g.clone().requires_grad_(), g.clone().requires_grad_()
+    we = torch._weight_norm(ve, ge, 0)
+    wc = torch.compile(lambda v, g: torch._weight_norm(v, g, 0), backend="aot2onnx")(vc, gc)
+    _assert_matches("w", wc, we, ulps=2)
+    cotangent = torch.linspace(-2.0, 3.0, 7, dtype=dtype)
+    (we * cotangent).sum().backward()
+    (wc * cotangent).sum().backward()
+    _assert_matches("gradient of g", gc.grad, ge.grad, ulps=2)
+    scale = float((g / v.abs() * cotangent).abs().max())  # the size of the terms that cancel
+    assert float((vc.grad - ve.grad).abs().max()) <= 4 * torch.finfo(dtype).eps * scale

@@ -96,3 +96,13 @@ def test_a_user_rule_changes_what_compiles_and_goes_away_with_its_scope():
         assert torch.compile(f, backend="aot2onnx")(x).tolist() == [-3.0, 6.0]  # the user's (odd) rule ran
     torch._dynamo.reset()
     assert torch.compile(f, backend="aot2onnx")(x).tolist() == [0.0, 2.0]
+
+
+def test_a_real_and_a_complex_project_rule_share_an_overload():
+    """angle has a project rule for real inputs and one for complex ones: each input kind finds its own."""
+    from aot2onnx.lower.registry import default_registry
+
+    real, _ = default_registry().lookup(torch.ops.aten.angle.default, 18)
+    complex_, _ = default_registry().lookup(torch.ops.aten.angle.default, 18, is_complex=True)
+    assert (real.origin, real.is_complex, real.name) == ("aot2onnx", False, "aten_angle")
+    assert (complex_.origin, complex_.is_complex, complex_.name) == ("aot2onnx", True, "aten_angle_complex")

@@ -1,7 +1,7 @@
 """Model code that Dynamo leaves to eager PyTorch before aot2onnx sees it, told once per process.
 
-Two kinds of module that users often bring never reach a backend in torch 2.13's default configuration. They
-still train, as eager PyTorch, and nothing is printed:
+Three kinds of module that users often bring never reach a backend, whole, in torch 2.13's default
+configuration. They still train, as eager PyTorch, and nothing of aot2onnx's is printed:
 
 - ``nn.RNN``, ``nn.GRU``, ``nn.LSTM``: while ``torch._dynamo.config.allow_rnn`` is False (its default), Dynamo
   breaks the graph where the module is wrapped ("Attempted to wrap RNN, GRU, or LSTM", variables/builder.py).
@@ -62,6 +62,7 @@ _MARK = "_aot2onnx_backend"
 _RNN_BREAK = "Attempted to wrap RNN, GRU, or LSTM"  # the gb_type Dynamo records
 _RNN_MODULE = re.compile(r"Developer debug context: (\w+)\(")  # the module's repr follows
 _BATCHNORM_FILE = os.path.join("torch", "nn", "modules", "batchnorm.py")
+_TRANSFORMER_FILE = os.path.join("torch", "nn", "modules", "transformer.py")
 # the frame that compiles a frame, and knows for which backend
 _CONVERT_FRAME = ConvertFrameAssert.__call__.__code__ if _UNAVAILABLE is None else None
 # Not the user's code: torch, aot2onnx, and the standard library (not its site-packages, where it holds them).
@@ -81,6 +82,15 @@ _BATCHNORM_WARNING = (
     "(pytorch/pytorch#194504; torch._dynamo.config.capture_scalar_outputs = True does not help: the break moves "
     "to F.batch_norm, which needs the momentum as a number). It trains as in eager PyTorch. To run it on ONNX "
     "Runtime, give the BatchNorm a momentum (an exponential moving average). (Said once per process.)"
+)
+_CAUSAL_MASK_WARNING = (
+    "aot2onnx: torch.compile leaves part of an nn.Transformer, nn.TransformerEncoder or nn.TransformerDecoder to "
+    "eager PyTorch: given a mask but not whether it is causal, torch.nn compares the mask with a causal one and "
+    "takes bool() of the result (_detect_is_causal_mask), which Dynamo does not trace, so it breaks the graph "
+    "there and the module's layers after it run in PyTorch, not on ONNX Runtime. They train as in eager "
+    "PyTorch. To run them on ONNX Runtime, pass the is_causal argument beside each mask (tgt_is_causal= and "
+    "src_is_causal= for nn.Transformer and its decoder, is_causal= for the encoder): True if the mask is "
+    "nn.Transformer.generate_square_subsequent_mask's, False otherwise. (Said once per process.)"
 )
 
 
@@ -135,7 +145,7 @@ def _on_start(args: CallbackArgs) -> None:
 def _on_end(args: CallbackArgs) -> None:
     global _started
     before, _started = _started or _installed, None
-    if args.callback_trigger is not CallbackTrigger.DYNAMO or before is None or len(_told) == 2:
+    if args.callback_trigger is not CallbackTrigger.DYNAMO or before is None or len(_told) == 3:
         return
     if not _compiling_for_aot2onnx():
         return
@@ -153,10 +163,17 @@ def _on_end(args: CallbackArgs) -> None:
     if "batchnorm" not in _told and any(_in_cumulative_batchnorm(r.user_stack) for r in reasons):
         _told.add("batchnorm")
         warnings.warn(_BATCHNORM_WARNING, UserWarning, stacklevel=_user_stacklevel())
+    if "causal_mask" not in _told and any(_in_causal_mask_detection(r.user_stack) for r in reasons):
+        _told.add("causal_mask")
+        warnings.warn(_CAUSAL_MASK_WARNING, UserWarning, stacklevel=_user_stacklevel())
 
 
 def _in_cumulative_batchnorm(stack: list[Any]) -> bool:
     return any(f.filename.endswith(_BATCHNORM_FILE) and "num_batches_tracked" in (f.line or "") for f in stack)
+
+
+def _in_causal_mask_detection(stack: list[Any]) -> bool:
+    return any(f.filename.endswith(_TRANSFORMER_FILE) and f.name == "_detect_is_causal_mask" for f in stack)
 
 
 def _compiling_for_aot2onnx() -> bool:

@@ -109,12 +109,13 @@ _USER_RULES: list[Rule] = []
 
 
 def _decorator(
-    target: Target, opset: int, origin: str, rules: list[Rule], override: bool = False
+    target: Target, opset: int, origin: str, rules: list[Rule], override: bool = False, is_complex: bool = False
 ) -> Callable[[Callable], Callable]:
     _check_target(target)
 
     def decorate(function: Callable) -> Callable:
-        same = [r for r in rules if _key(r.target) == _key(target) and r.opset_introduced == opset]
+        same = [r for r in rules
+                if _key(r.target) == _key(target) and r.opset_introduced == opset and r.is_complex == is_complex]
         if same and not override:
             raise ValueError(
                 f"{target} already has the {origin} lowering {same[0].name} (opset {opset}); pass override=True "
@@ -122,16 +123,20 @@ def _decorator(
             )
         for rule in same:
             rules.remove(rule)
-        rules.append(Rule(target, function, opset, origin))
+        rules.append(Rule(target, function, opset, origin, is_complex))
         default_registry.cache_clear()  # the next compilation sees the new rule
         return function
 
     return decorate
 
 
-def project_rule(target: Target, *, opset: int = 18) -> Callable[[Callable], Callable]:
-    """Decorator for the rules in ``aot2onnx.lower.ops``; a second rule for one overload is an error."""
-    return _decorator(target, opset, Origin.PROJECT, _PROJECT_RULES)
+def project_rule(target: Target, *, opset: int = 18, is_complex: bool = False) -> Callable[[Callable], Callable]:
+    """Decorator for the rules in ``aot2onnx.lower.ops``; a second rule for one overload is an error.
+
+    ``is_complex``: the rule is for complex inputs, which reach it as torch_lib represents them (a real tensor
+    with a trailing axis of 2: real and imaginary parts); a real rule and a complex one can share an overload.
+    """
+    return _decorator(target, opset, Origin.PROJECT, _PROJECT_RULES, is_complex=is_complex)
 
 
 def unregister_lowering(target: Target) -> int:

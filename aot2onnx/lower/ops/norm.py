@@ -435,3 +435,72 @@ def aten_native_group_norm(input, weight=None, bias=None, N=None, C=None, HxW=No
     if given is not input:
         out, mean, rstd = (op.CastLike(v, given) for v in (out, mean, rstd))
     return out, mean, rstd
+
+
+def _weight_norm_axes(v, dim: int) -> list[int]:
+    rank = len(v.shape)
+    return [i for i in range(rank) if i != dim % rank] if rank else []
+
+
+def _slice_norms(x, axes: list[int]):
+    """``sqrt(sum(x * x))`` over ``axes`` (kept), as ATen's weight-norm kernel; elementwise ``sqrt(x * x)``
+    when there are none."""
+    squares = op.Mul(x, x)
+    return op.Sqrt(op.ReduceSum(squares, op.Constant(value_ints=axes), keepdims=1) if axes else squares)
+
+
+@project_rule(aten._weight_norm_interface.default)
+def aten__weight_norm_interface(v, g, dim: int = 0):
+    """_weight_norm_interface(Tensor v, Tensor g, int dim=0) -> (Tensor, Tensor)
+
+    ``w = v * (g / norm)`` with ``norm`` the 2-norm of each slice of ``v`` along ``dim`` (over every other
+    axis), as ATen's CPU kernel computes it: ``sqrt(sum(v * v))``, in float32 for 16-bit floats, the norms
+    float32 for a bfloat16 ``g``. PyTorch's decomposition reduces over an empty list of axes for a 1-D ``v``,
+    which ``norm`` takes as every axis: one norm for the whole vector where ATen's kernel has one per element
+    (w was ``v * g / ||v||`` instead of ``sign(v) * g``). Here w is the kernel's; the norms output of a 1-D
+    ``v`` keeps the one-element shape PyTorch's shape inference gives it (the whole vector's norm), and the
+    backward rule recomputes the per-element norms from v.
+    """
+    given = v.dtype
+    dtype = ir.DataType.FLOAT if given in _COMPUTED_IN_FLOAT else given
+    x = _cast(v, dtype)
+    axes = _weight_norm_axes(v, dim)
+    norm = _slice_norms(x, axes)
+    w = op.Mul(x, op.Div(op.Reshape(_cast(g, dtype), op.Shape(norm)), norm))
+    if dtype != given:
+        w = op.Cast(w, to=given)
+    if not axes:
+        norm = op.Sqrt(op.ReduceSum(op.Mul(x, x), keepdims=1))
+    norm_dtype = ir.DataType.FLOAT if g.dtype == ir.DataType.BFLOAT16 else g.dtype
+    norm = norm if norm_dtype == dtype else op.Cast(norm, to=norm_dtype)
+    return w, norm if not axes else op.Reshape(norm, op.Shape(g))
+
+
+@project_rule(aten._weight_norm_interface_backward.default)
+def aten__weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim: int):
+    """_weight_norm_interface_backward(Tensor grad_w, Tensor saved_v, Tensor saved_g, Tensor saved_norms, int dim) -> (Tensor, Tensor)
+
+    The gradient of ``w = v * (g / ||v||)`` (``nn.utils.parametrizations.weight_norm``, norms over every axis
+    but ``dim``, the first or the last), which PyTorch has no decomposition for. As ATen's CPU kernel
+    (``WeightNormKernel.cpp``) computes it, per slice along ``dim``: ``s = sum(grad_w * v)``, ``a = g /
+    norm``, ``b = a * s / (norm * norm)``, ``grad_v = a * grad_w - b * v``, ``grad_g = s / norm``; in float32
+    for 16-bit floats, its accumulation type.
+    """
+    given = saved_v.dtype
+    dtype = ir.DataType.FLOAT if given in _COMPUTED_IN_FLOAT else given
+    dy, v = _cast(grad_w, dtype), _cast(saved_v, dtype)
+    g = _cast(saved_g, dtype)
+    axes = _weight_norm_axes(saved_v, dim)
+    # A 1-D v's saved norms have PyTorch's one-element shape (see the forward rule): recomputed per element.
+    norm = _cast(saved_norms, dtype) if axes else _slice_norms(v, axes)
+    product = op.Mul(dy, v)
+    # The norms have the keepdim shape of these sums (saved_g may be stored flat: its own shape is kept).
+    sums = op.ReduceSum(product, op.Constant(value_ints=axes), keepdims=1) if axes else product
+    norm = op.Reshape(norm, op.Shape(sums))
+    a = op.Div(op.Reshape(g, op.Shape(sums)), norm)
+    b = op.Div(op.Mul(a, sums), op.Mul(norm, norm))
+    grad_v = op.Sub(op.Mul(a, dy), op.Mul(b, v))
+    grad_g = op.Reshape(op.Div(sums, norm), op.Shape(saved_g))
+    if dtype != given:
+        grad_v, grad_g = op.Cast(grad_v, to=given), op.Cast(grad_g, to=saved_g.dtype)
+    return grad_v, grad_g

@@ -653,6 +653,53 @@ def prims_signbit(self):
     return op.Or(op.Less(self, zero), negative_zero)
 
 
+def _negative_sign(x):
+    """Whether ``x``'s sign bit is set, -0.0 included (1 / -0.0 is -inf; False for NaN)."""
+    zero = _scalar_like(0.0, x)
+    return op.Or(op.Less(x, zero), op.Less(op.Div(_scalar_like(1.0, x), x), zero))
+
+
+def _atan2(y, x):
+    # C's atan2 (ATen's kernels: Sleef's and std::atan2): the first quadrant's angle of (|x|, |y|), reflected
+    # to pi - angle where x's sign bit is set (-0.0 included) and given y's sign, a zero's included:
+    # atan2(+0, -1) = pi, atan2(-0, -1) = -pi, atan2(0, -0) = pi, atan2(-0, +0) = -0, atan2(+-inf, +-inf) =
+    # +-pi/4 or +-3pi/4, NaN where either is NaN. torch_lib's is atan(y / x) plus or minus pi by y > 0 (-pi at
+    # y = +0, x < 0), with every NaN replaced by 0 (atan2(nan, 1) was 0, atan2(inf, inf) 0).
+    ay, ax = op.Abs(y), op.Abs(x)
+    zero = _scalar_like(0.0, y)
+    angle = op.Atan(op.Div(ay, ax))
+    angle = op.Where(op.And(op.IsInf(ay), op.IsInf(ax)), _scalar_like(math.pi / 4, y), angle)
+    angle = op.Where(op.And(op.Equal(ay, zero), op.Equal(ax, zero)), zero, angle)
+    # pi - angle is never -0.0 (angle <= pi/2), so Where keeps every zero's sign.
+    angle = op.Where(_negative_sign(x), op.Sub(_scalar_like(math.pi, y), angle), angle)
+    # The sign as a product, so that a zero angle becomes -0.0 (Where's first operand would lose it).
+    return op.Mul(angle, op.Where(_negative_sign(y), _scalar_like(-1.0, y), _scalar_like(1.0, y)))
+
+
+@project_rule(aten.atan2.default)
+def aten_atan2(self, other):
+    """atan2(Tensor self, Tensor other) -> Tensor"""
+    return _opmath(_atan2, self, other)
+
+
+@project_rule(aten.angle.default)
+def aten_angle(self):
+    """angle(Tensor self) -> Tensor"""
+    # ATen for real inputs: pi below 0, 0 from -0.0 up, NaN at NaN (torch_lib's gave 0 there).
+    return _opmath(lambda x: op.Where(op.IsNaN(x), x, op.Where(op.Less(x, _scalar_like(0.0, x)),
+                                                                _scalar_like(math.pi, x), _scalar_like(0.0, x))),
+                   self)
+
+
+@project_rule(aten.angle.default, is_complex=True)
+def aten_angle_complex(self):
+    """angle(Tensor self) -> Tensor (complex input: [..., 2], real and imaginary parts)"""
+    real = op.Squeeze(op.Slice(self, [0], [1], axes=[-1]), axes=[-1])
+    imag = op.Squeeze(op.Slice(self, [1], [2], axes=[-1]), axes=[-1])
+    real.dtype = imag.dtype = self.dtype
+    return _atan2(imag, real)
+
+
 def _double(value: float):
     return op.Constant(value=ir.tensor(np.array(value, dtype=np.float64)))
 
