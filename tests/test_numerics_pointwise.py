@@ -472,3 +472,77 @@ def test_angle_of_reals(dtype):
     # torch_lib's angle gave 0 at NaN.
     x = torch.tensor([-2.0, -0.0, 0.0, 3.0, NAN, -INF, INF, -DENORMAL[dtype]], dtype=torch.float64)
     _check(torch.angle, x.to(dtype), dtype=dtype, grad=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Division with rounding, remainder, logaddexp, xlogy, copysign, trunc: ATen's formulas at the special values
+
+# Pairs whose quotient overflows float32 are left out (denormal or tiny divisors: 1 % 1e-40, 1e30 % 1e-30):
+# there eager's vector loop (fmod as a - trunc(a / b) * b) gives NaN where its scalar loop, and aot2onnx,
+# give the exact fmod.
+_GRID = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.5, -3e-3, 0.1, -0.3, 1e30, -1e30, 7.0, -7.0, 100.0, -104.0, INF, -INF,
+         NAN]
+_GRID_OPS = {
+    "floor_divide": torch.floor_divide,
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "remainder": torch.remainder,
+    "python_operators": lambda a, b: (a // b, a % b),
+    "scalar_divisor": lambda a, b: (a // 0.1, a % 0.3, torch.div(a, -0.3, rounding_mode="trunc"), b),
+    "logaddexp": torch.logaddexp,
+    "logaddexp2": torch.logaddexp2,
+    "xlogy": torch.xlogy,
+    "copysign": torch.copysign,
+    "trunc": lambda a, b: (torch.trunc(a), b),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(_GRID_OPS))
+def test_binary_ops_at_special_values(name, dtype):
+    """Every pair of the grid's values. Before these rules (torch_lib's): 1 // 0.1 was 10 (eager 9: the
+    quotient of 1 - fmod(1, 0.1)), inf // 1 inf (eager NaN), remainder(0, inf) NaN (eager 0),
+    logaddexp(0, 100) inf (eager 100), xlogy(0, nan) 0 (eager NaN), and trunc(-0.0), 0 // -1,
+    copysign(0, -1) +0.0 (eager -0.0). Exact ops bit for bit; logaddexp and xlogy (a log) within 4 ULPs.
+    logaddexp2 of two equal finite values is left out: the result cancels to about 0, where eager's
+    log1p(1) / ln 2 rounds to 0.99999999 (logaddexp2(-1, -1) is -1e-8 in eager, 0 here)."""
+    pairs = torch.cartesian_prod(torch.arange(len(_GRID)), torch.arange(len(_GRID)))
+    if name == "logaddexp2":
+        pairs = pairs[(pairs[:, 0] != pairs[:, 1]) | ~torch.isfinite(torch.tensor(_GRID)[pairs[:, 0]])]
+    values = torch.tensor(_GRID, dtype=torch.float64)
+    ulps = 4 if name.startswith("logaddexp") or name == "xlogy" else 0
+    _check(_GRID_OPS[name], values[pairs[:, 0]], values[pairs[:, 1]], dtype=dtype, ulps=ulps, grad=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_floor_division_by_a_float_that_rounds_the_quotient_up(dtype):
+    x = torch.tensor([1.0, 2.0, -1.0, 0.7, 3.0], dtype=dtype)
+    compiled = torch.compile(lambda x: (x // 0.1, x % 0.1, torch.floor_divide(x, torch.full_like(x, 0.1))),
+                             backend="aot2onnx")(x)
+    assert compiled[0].tolist() == (x // 0.1).tolist() and compiled[0][0] == 9.0
+    assert torch.equal(compiled[1], x % 0.1) and torch.equal(compiled[2], x // 0.1)
+
+
+def test_logaddexp_of_large_values_and_its_gradient():
+    """log(exp(a) + exp(b)) overflowed from 89 on in float32; ATen's max + log1p(exp(-|a - b|)) does not."""
+    a = torch.tensor([0.0, 100.0, 1e30, -200.0, 88.0, 5.0])
+    b = torch.tensor([100.0, 100.0, 1e30, -201.0, 89.0, -INF])
+    for dtype in DTYPES:
+        _check(torch.logaddexp, a, b, dtype=dtype, ulps=4, grad_ulps=8)
+        _check(torch.logaddexp2, a, b, dtype=dtype, ulps=4, grad_ulps=8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lgamma_of_tiny_negative_values(dtype):
+    # The reflection lost x against 1 (x - floor(x)): float32 lgamma(-1e-30) was inf, eager 69.08.
+    x = torch.tensor([-1e-30, -1e-20, -1e-8, -0.25, -1.5, 1e-30, -DENORMAL[dtype]], dtype=torch.float64)
+    _check(torch.lgamma, x.to(dtype), dtype=dtype, ulps=8, grad=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zeta_where_aten_decides_without_summing(dtype):
+    """zeta(x, q) in ATen's order of checks (zeta(0, 0) is NaN: x < 1 before q's pole), beside a q of -3e38,
+    which asked for 2**20 summed terms for every element of the batch (a 441-pair scan was killed for memory)."""
+    x = torch.tensor([0.0, 0.5, 1.0, 2.0, 2.0, 3.0, 2.5, 2.0, 4.0, NAN, 2.0], dtype=torch.float64)
+    q = torch.tensor([0.0, 1.0, 1.0, -3e38, -2.0, -0.5, -0.5, 1.5, 0.25, 1.0, NAN], dtype=torch.float64)
+    _check(torch.special.zeta, x.to(dtype), q.to(dtype), dtype=dtype, ulps=8, grad=False)

@@ -700,6 +700,137 @@ def aten_angle_complex(self):
     return _atan2(imag, real)
 
 
+def _sign_of(x):
+    """+1 or -1 by ``x``'s sign bit (-0.0 gives -1): a zero times it keeps the sign (Where would not)."""
+    return op.Where(_negative_sign(x), _scalar_like(-1.0, x), _scalar_like(1.0, x))
+
+
+def _trunc(x):
+    # torch_lib's is floor(|x|) * sign(x), and ONNX's Sign of -0.0 is 0: trunc(-0.0) was +0.0.
+    return op.Mul(op.Floor(op.Abs(x)), _sign_of(x))
+
+
+@project_rule(aten.trunc.default)
+def aten_trunc(self):
+    """trunc(Tensor self) -> Tensor"""
+    if self.dtype not in _FLOATS:
+        return op.Identity(self)
+    return _trunc(self)
+
+
+def _div_floor(a, b):
+    # ATen's div_floor_floating (c10/util/generic_math.h), which its vector loop follows too: the quotient
+    # of a - fmod(a, b), so that 1 // 0.1 is 9 as in Python (floor(1 / 0.1) is 10: the quotient rounds up
+    # to 10), NaN where fmod is (inf // 1), a / b for b == 0, a zero with the sign of a / b.
+    zero, one = _scalar_like(0.0, a), _scalar_like(1.0, a)
+    mod = op.Mod(a, b, fmod=1)
+    div = op.Div(op.Sub(a, mod), b)
+    wrong_side = op.And(op.Not(op.Equal(mod, zero)), op.Xor(op.Less(b, zero), op.Less(mod, zero)))
+    div = op.Where(wrong_side, op.Sub(div, one), div)  # div - 1 is never -0.0
+    floor = op.Floor(div)
+    floor = op.Where(op.Greater(op.Sub(div, floor), _scalar_like(0.5, a)), op.Add(floor, one), floor)
+    quotient = op.Div(a, b)
+    # The zero takes a / b's sign as a product: Where would lose a -0.0 in its first operand, and ONNX
+    # Runtime's optimizer swaps Where(Not(c), x, y) into Where(c, y, x).
+    is_zero = op.Equal(div, zero)
+    result = op.Mul(op.Where(is_zero, zero, floor), op.Where(is_zero, _sign_of(quotient), one))
+    return op.Where(op.Equal(b, zero), quotient, result)  # a / 0 is never a zero
+
+
+def _remainder(a, b):
+    # ATen: fmod(a, b), plus b where it is nonzero and its sign is not b's. |mod| < |b|, so mod + b is never
+    # a zero (Where's first operand); a -0.0 mod is passed as it is. torch_lib's a - floor(a / b) * b gave
+    # NaN for a finite a and an infinite b, and +0.0 for -0.0 % 1.
+    zero = _scalar_like(0.0, a)
+    mod = op.Mod(a, b, fmod=1)
+    wrong_side = op.And(op.Not(op.Equal(mod, zero)), op.Xor(op.Less(b, zero), op.Less(mod, zero)))
+    return op.Where(wrong_side, op.Add(mod, b), mod)
+
+
+@project_rule(aten.div.Tensor_mode)
+def aten_div_tensor_mode(self, other, rounding_mode: str | None = None):
+    """div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor"""
+    if self.dtype not in _FLOATS or rounding_mode is None:
+        return torchlib_core.aten_div_mode(self, other, rounding_mode=rounding_mode)
+    if rounding_mode == "trunc":  # ATen: trunc(a / b)
+        return _opmath(lambda a, b: _trunc(op.Div(a, b)), self, other)
+    return _opmath(_div_floor, self, other)
+
+
+@project_rule(aten.floor_divide.default)
+def aten_floor_divide(self, other):
+    """floor_divide(Tensor self, Tensor other) -> Tensor"""
+    if self.dtype not in _FLOATS:
+        return torchlib_core.aten_floor_divide(self, other)
+    return _opmath(_div_floor, self, other)
+
+
+@project_rule(aten.remainder.Tensor)
+def aten_remainder(self, other):
+    """remainder.Tensor(Tensor self, Tensor other) -> Tensor"""
+    if self.dtype not in _FLOATS:
+        return torchlib_core.aten_remainder(self, other)
+    return _opmath(_remainder, self, other)
+
+
+@project_rule(aten.remainder.Scalar)
+def aten_remainder_scalar(self, other):
+    """remainder.Scalar(Tensor self, Scalar other) -> Tensor"""
+    if self.dtype not in _FLOATS:
+        return torchlib_core.aten_remainder_scalar(self, other)
+    return _opmath(_remainder, self, _scalar_like(other, self))
+
+
+@project_rule(aten.div.Scalar_mode)
+def aten_div_scalar_mode(self, other, rounding_mode: str | None = None):
+    """div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor"""
+    if self.dtype not in _FLOATS or rounding_mode is None:
+        return torchlib_core.aten_div_mode(self, op.CastLike(other, self), rounding_mode=rounding_mode)
+    return aten_div_tensor_mode(self, _scalar_like(other, self), rounding_mode=rounding_mode)
+
+
+def _logaddexp(a, b, base_two: bool):
+    # ATen: a where both are the same infinity, else max(a, b) + log1p(exp(-|a - b|)) (exp2, and the log1p
+    # times 1 / ln 2, for base 2). torch_lib's log(exp(a) + exp(b)) overflowed: logaddexp(0, 100) was inf.
+    # A NaN on either side makes |a - b| NaN, and so the result, whichever Max picks.
+    d = op.Neg(op.Abs(op.Sub(a, b)))
+    if base_two:
+        term = op.Mul(_log1p(op.Pow(_scalar_like(2.0, a), d)), _scalar_like(1.0 / math.log(2.0), a))
+    else:
+        term = _log1p(op.Exp(d))
+    result = op.Add(op.Max(a, b), term)
+    return op.Where(op.And(op.IsInf(a), op.Equal(a, b)), a, result)  # a is an infinity there, not a zero
+
+
+@project_rule(aten.logaddexp.default)
+def aten_logaddexp(self, other):
+    """logaddexp(Tensor self, Tensor other) -> Tensor"""
+    return _opmath(lambda a, b: _logaddexp(a, b, base_two=False), self, other)
+
+
+@project_rule(aten.logaddexp2.default)
+def aten_logaddexp2(self, other):
+    """logaddexp2(Tensor self, Tensor other) -> Tensor"""
+    return _opmath(lambda a, b: _logaddexp(a, b, base_two=True), self, other)
+
+
+@project_rule(aten.xlogy.Tensor)
+def aten_xlogy(self, other):
+    """xlogy.Tensor(Tensor self, Tensor other) -> Tensor"""
+    # ATen: NaN where y is NaN (x == 0 included; torch_lib's gave 0 there), 0 where x == 0, else x * log(y).
+    def xlogy(x, y):
+        product = op.Where(op.Equal(x, _scalar_like(0.0, x)), _scalar_like(0.0, x), op.Mul(x, op.Log(y)))
+        return op.Where(op.IsNaN(y), _scalar_like(float("nan"), x), product)
+    return _opmath(xlogy, self, other)
+
+
+@project_rule(aten.copysign.Tensor)
+def aten_copysign(self, other):
+    """copysign.Tensor(Tensor self, Tensor other) -> Tensor"""
+    # |a| with b's sign bit, -0.0's included (copysign(0, -0.0) and copysign(0, -1) were +0.0).
+    return _opmath(lambda a, b: op.Mul(op.Abs(a), _sign_of(b)), self, other)
+
+
 def _double(value: float):
     return op.Constant(value=ir.tensor(np.array(value, dtype=np.float64)))
 

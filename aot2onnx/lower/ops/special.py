@@ -101,7 +101,9 @@ def _unary(f):
     return apply
 
 
-exp, log, sqrt, sin, cos, fabs, floor = (_unary(f) for f in (op.Exp, op.Log, op.Sqrt, op.Sin, op.Cos, op.Abs, op.Floor))
+exp, log, sqrt, sin, cos, fabs, floor, nearest = (
+    _unary(f) for f in (op.Exp, op.Log, op.Sqrt, op.Sin, op.Cos, op.Abs, op.Floor, op.Round)
+)
 
 
 def isnan(x: D):
@@ -269,7 +271,9 @@ def _lgamma_positive(x: D) -> D:
 
 def lgamma(x: D) -> D:
     # Reflection for x < 0.5: lgamma(x) = log(pi / |sin(pi x)|) - lgamma(1 - x); poles at 0, -1, -2, ...
-    reflected = math.log(math.pi) - log(fabs(sin(math.pi * (x - floor(x))))) - _lgamma_positive(1.0 - x)
+    # |sin(pi x)| is |sin(pi r)| for r = x less its nearest integer, exact in float64: with x - floor(x)
+    # instead, a tiny negative x was lost against 1 (float32 lgamma(-1e-30) was inf, eager 69.08).
+    reflected = math.log(math.pi) - log(fabs(sin(math.pi * (x - nearest(x))))) - _lgamma_positive(1.0 - x)
     result = where(x < 0.5, reflected, _lgamma_positive(where(x < 0.5, 1.0, x)))
     pole = both(x <= 0.0, x.eq(floor(x)))
     return where(pole, math.inf, where(isinf(x), math.inf, result))
@@ -331,6 +335,11 @@ def zeta(x: D, q: D) -> D:
     steps = op.Max(float64_constant(9.0), op.Add(op.Floor(op.Sub(float64_constant(9.0), q.v)), float64_constant(1.0)))
     # q = -inf or NaN would ask for endless terms (ATen's result there is inf or NaN whatever the count).
     steps = op.Where(op.IsNaN(steps), float64_constant(9.0), op.Min(steps, float64_constant(float(2**20))))
+    # Elements whose result the checks below decide need no terms: a huge negative integer q (inf) asked for
+    # 2**20 terms for every element of the batch (the special values' scan, 441 pairs: killed for memory).
+    integer_q = q.eq(floor(q))
+    decided = either(either(x <= 1.0, both(q <= 0.0, integer_q)), both(q <= 0.0, op.Not(x.eq(floor(x)))))
+    steps = op.Where(decided, float64_constant(9.0), steps)
     count = op.Max(op.ReduceMax(steps, keepdims=0), float64_constant(9.0))  # (an empty input reduces to -inf)
     k = op.Range(float64_constant(0.0), op.Add(count, float64_constant(1.0)), float64_constant(1.0))  # 0..count
     qk = op.Add(op.Unsqueeze(q.v, last), k)  # [..., K]
@@ -350,11 +359,13 @@ def zeta(x: D, q: D) -> D:
         a = a * (x + kk)
         b = b / w
         kk += 1.0
-    result = where(x.eq(1.0), math.inf, s)
-    result = where(x < 1.0, math.nan, result)
+    # ATen's checks, the first that holds deciding: x == 1 (inf), x < 1 (NaN), then for q <= 0 an integer q
+    # (inf) or a non-integer x (NaN). Applied last to first, so that the first wins (zeta(0, 0) is NaN).
     nonpositive = q <= 0.0
-    result = where(both(nonpositive, q.eq(floor(q))), math.inf, result)
-    return where(both(both(nonpositive, op.Not(q.eq(floor(q)))), op.Not(x.eq(floor(x)))), math.nan, result)
+    result = where(both(both(nonpositive, op.Not(integer_q)), op.Not(x.eq(floor(x)))), math.nan, s)
+    result = where(both(nonpositive, integer_q), math.inf, result)
+    result = where(x < 1.0, math.nan, result)
+    return where(x.eq(1.0), math.inf, result)
 
 
 def polygamma(n: int, x: D) -> D:
