@@ -369,3 +369,21 @@ def test_weight_norm_of_a_vector_has_one_norm_per_element(dtype):
     _assert_matches("gradient of g", gc.grad, ge.grad, ulps=2)
     scale = float((g / v.abs() * cotangent).abs().max())  # the size of the terms that cancel
     assert float((vc.grad - ve.grad).abs().max()) <= 4 * torch.finfo(dtype).eps * scale
+
+
+# ---------------------------------------------------------------------------------------------------------
+# logcumsumexp: ATen's scan, not one max for the whole axis
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_logcumsumexp_of_rows_far_below_their_max_and_infinities(dtype):
+    """torch_lib's log(cumsum(exp(x - max))) + max: logcumsumexp([-200, 0]) began with -inf (eager -200),
+    1.9e-22 became 0, and +inf or an all -inf row gave NaN, values and gradients."""
+    rows = torch.tensor([[-200.0, 0.0, -50.0, 30.0], [1.0, 2.0, 3.0, 4.0], [INF, 1.0, -2.0, 0.5],
+                         [-INF, -INF, 1.0, 2.0], [-INF, -INF, -INF, -INF], [NAN, 1.0, 2.0, 3.0],
+                         [-88.0, -104.0, -1e30, 0.0], [3e38, 3e38, 1.0, 1.0]])
+    _check(lambda x: torch.logcumsumexp(x, -1), rows, dtype=dtype, ulps=4, grad_shared=4)
+    _check(lambda x: torch.logcumsumexp(x, 0), rows[:4].T.contiguous(), dtype=dtype, ulps=4, grad_shared=4)
+    generator = torch.Generator().manual_seed(0)
+    batch = torch.randn(3, 5, 7, generator=generator) * 30
+    _check(lambda x: torch.logcumsumexp(x, 1), batch, dtype=dtype, ulps=4, grad_shared=16)

@@ -546,3 +546,44 @@ def test_zeta_where_aten_decides_without_summing(dtype):
     x = torch.tensor([0.0, 0.5, 1.0, 2.0, 2.0, 3.0, 2.5, 2.0, 4.0, NAN, 2.0], dtype=torch.float64)
     q = torch.tensor([0.0, 1.0, 1.0, -3e38, -2.0, -0.5, -0.5, 1.5, 0.25, 1.0, NAN], dtype=torch.float64)
     _check(torch.special.zeta, x.to(dtype), q.to(dtype), dtype=dtype, ulps=8, grad=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Integer division with a rounding mode: integer arithmetic, not float32
+
+
+_INT_DIVISIONS = {
+    "floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "operators": lambda a, b: (a // b, a % b),
+    "scalar": lambda a, b: (torch.div(a, 3, rounding_mode="floor"), torch.div(a, -3, rounding_mode="trunc"), a // 7,
+                            torch.div(a, 2.5, rounding_mode="floor"), b),
+}
+
+
+@pytest.mark.filterwarnings("error:aot2onnx")  # a node left to PyTorch would pass the comparison
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("name", list(_INT_DIVISIONS))
+def test_integer_division_is_exact(name, dtype):
+    """torch_lib divided integers in float32 for a rounding mode: div(2**25 + 1, 1, rounding_mode="floor") was
+    2**25, and 123456789012 // 10 was 12345678848."""
+    big = 123456789012 if dtype == torch.int64 else 2**31 - 5
+    a = torch.tensor([2**25 + 1, -(2**25 + 1), 2**24 + 3, 7, -7, 0, big, -big], dtype=dtype)
+    b = torch.tensor([1, 2, 3, -2, 2, 5, 10, 7], dtype=dtype)
+    fn = _INT_DIVISIONS[name]
+    expected, actual = fn(a, b), torch.compile(fn, backend="aot2onnx")(a, b)
+    for e, c in zip(torch.utils._pytree.tree_leaves(expected), torch.utils._pytree.tree_leaves(actual)):
+        assert c.dtype == e.dtype and torch.equal(c, e), (e.tolist(), c.tolist())
+
+
+def test_integer_division_by_zero_raises():
+    """Eager raises ZeroDivisionError; torch_lib's float32 path returned -2**63. ONNX Runtime's integer Div and
+    Mod fail the run, which aot2onnx raises."""
+    from aot2onnx.errors import RuntimeSessionError
+
+    a, b = torch.tensor([7, 5]), torch.tensor([2, 0])
+    for fn in (lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda a, b: torch.div(a, b, rounding_mode="floor"),
+               lambda a, b: a % b):
+        torch._dynamo.reset()
+        with pytest.raises(RuntimeSessionError, match="Div|Mod"):
+            torch.compile(fn, backend="aot2onnx")(a, b)

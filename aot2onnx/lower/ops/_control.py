@@ -50,12 +50,15 @@ def cond(condition: ir.Value, then_branch: Callable[[], Sequence[ir.Value]],
     return list(node.outputs)
 
 
-def loop(trip_count: int | ir.Value, carried: Sequence[ir.Value], body: Callable, *, iteration: bool = False) -> list[ir.Value]:
+def loop(trip_count: int | ir.Value, carried: Sequence[ir.Value], body: Callable, *, iteration: bool = False,
+         scanned: int = 0) -> list[ir.Value]:
     """``carried = body(*carried)`` (or ``body(i, *carried)``, i an int64 scalar) ``trip_count`` times, as one Loop.
 
     Unrolled, iterative algorithms make graphs of thousands of nodes, which the ONNX optimizer takes minutes
     over; a Loop keeps one iteration's nodes. The body may read values of the enclosing graph, and every
-    carried value must have its dtype set.
+    carried value must have its dtype set. With ``scanned``, the body returns that many values more after the
+    carried ones (dtypes set), and the Loop stacks each one's values of every iteration along a new first
+    axis: the last carried values are returned, then the stacked ones.
     """
     outer = onnxscript.evaluator.default()
     recorder = exporter.Recorder(outer.opset, {})
@@ -66,7 +69,10 @@ def loop(trip_count: int | ir.Value, carried: Sequence[ir.Value], body: Callable
         results = body(counter, *inputs) if iteration else body(*inputs)
         outputs = [op.Identity(v) for v in results]
         keep_going = op.Identity(condition)
-    for output, value in zip(outputs, inputs):
+    assert len(outputs) == len(carried) + scanned, "the body returns the carried values, then the scanned ones"
+    for output, value in zip(outputs, [*inputs, *results[len(carried):]]):
+        if value.dtype is None:
+            raise ValueError(f"a loop body's scanned value {value.name or ''} has no dtype; set its dtype")
         output.dtype = value.dtype
     keep_going.dtype = ir.DataType.BOOL
     # Names must be unique across the model and its subgraphs (SSA), and onnx_ir names unnamed values
@@ -80,8 +86,9 @@ def loop(trip_count: int | ir.Value, carried: Sequence[ir.Value], body: Callable
     if isinstance(trip_count, int):
         trip_count = op.Constant(value_int=trip_count)
     # The node is built directly: the exporter's recorder cannot bind Loop's variadic inputs.
-    node = ir.node("Loop", [trip_count, None, *carried], attributes={"body": graph}, num_outputs=len(carried))
+    node = ir.node("Loop", [trip_count, None, *carried], attributes={"body": graph},
+                   num_outputs=len(carried) + scanned)
     outer.nodes.append(node)
-    for result, value in zip(node.outputs, carried):
+    for result, value in zip(node.outputs, outputs):
         result.dtype = value.dtype
     return list(node.outputs)

@@ -16,7 +16,7 @@ from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
 
 from aot2onnx.lower.ops._common import static_dims
-from aot2onnx.lower.ops._control import cond
+from aot2onnx.lower.ops._control import cond, loop
 from aot2onnx.lower.registry import project_rule
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -747,14 +747,39 @@ def _remainder(a, b):
     return op.Where(wrong_side, op.Add(mod, b), mod)
 
 
+def _promoted_float(*dtypes: ir.DataType) -> ir.DataType:
+    floats = [d for d in dtypes if d in _FLOATS]
+    if ir.DataType.DOUBLE in floats:
+        return ir.DataType.DOUBLE
+    return floats[0] if len(set(floats)) == 1 else ir.DataType.FLOAT
+
+
 @project_rule(aten.div.Tensor_mode)
 def aten_div_tensor_mode(self, other, rounding_mode: str | None = None):
-    """div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor"""
-    if self.dtype not in _FLOATS or rounding_mode is None:
+    """div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor
+
+    Integers are divided as integers, as ATen does: torch_lib's rule divided them in float32, so that
+    ``torch.div(2**25 + 1, 1, rounding_mode="floor")`` was 2**25 and a zero divisor gave -2**63 (eager raises;
+    ONNX Runtime's integer Div fails the run, which aot2onnx raises).
+    """
+    if isinstance(other, (int, float)):  # a Python number, as Dynamo passes a literal divisor
+        return aten_div_scalar_mode(self, other, rounding_mode=rounding_mode)
+    if rounding_mode is None:
         return torchlib_core.aten_div_mode(self, other, rounding_mode=rounding_mode)
+    if self.dtype not in _FLOATS and other.dtype not in _FLOATS:
+        if rounding_mode == "trunc":
+            return op.Div(self, other)  # ONNX's integer Div truncates toward zero, as C's
+        return torchlib_core.aten_floor_divide(self, other)  # integer Div, minus 1 where the signs differ
+    dtype = _promoted_float(self.dtype, other.dtype)
+    self, other = (v if v.dtype == dtype else _typed(op.Cast(v, to=dtype), dtype) for v in (self, other))
     if rounding_mode == "trunc":  # ATen: trunc(a / b)
         return _opmath(lambda a, b: _trunc(op.Div(a, b)), self, other)
     return _opmath(_div_floor, self, other)
+
+
+def _typed(value, dtype: ir.DataType):
+    value.dtype = dtype
+    return value
 
 
 @project_rule(aten.floor_divide.default)
@@ -784,9 +809,15 @@ def aten_remainder_scalar(self, other):
 @project_rule(aten.div.Scalar_mode)
 def aten_div_scalar_mode(self, other, rounding_mode: str | None = None):
     """div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor"""
-    if self.dtype not in _FLOATS or rounding_mode is None:
-        return torchlib_core.aten_div_mode(self, op.CastLike(other, self), rounding_mode=rounding_mode)
-    return aten_div_tensor_mode(self, _scalar_like(other, self), rounding_mode=rounding_mode)
+    if isinstance(other, float) and self.dtype not in _FLOATS:  # an integer tensor by a float: a float result
+        self = _typed(op.Cast(self, to=ir.DataType.FLOAT), ir.DataType.FLOAT)
+    if self.dtype not in _FLOATS:
+        divisor = _typed(op.Constant(value=ir.tensor(np.array(int(other), dtype=self.dtype.numpy()))), self.dtype)
+    else:
+        divisor = _scalar_like(other, self)
+    if rounding_mode is None:
+        return torchlib_core.aten_div_mode(self, divisor, rounding_mode=None)
+    return aten_div_tensor_mode(self, divisor, rounding_mode=rounding_mode)
 
 
 def _logaddexp(a, b, base_two: bool):
@@ -812,6 +843,53 @@ def aten_logaddexp(self, other):
 def aten_logaddexp2(self, other):
     """logaddexp2(Tensor self, Tensor other) -> Tensor"""
     return _opmath(lambda a, b: _logaddexp(a, b, base_two=True), self, other)
+
+
+def _log_add_exp_step(x, total):
+    # ATen's _log_add_exp_helper(x, total), one step of its logcumsumexp scan: log1p(exp(min - max)) + max,
+    # or x where min and max are the same infinity; a NaN total is carried on (std::min(x, nan) is x: its
+    # Where(total < x, total, x) form; the isnan check makes it the NaN).
+    nan_total = op.IsNaN(total)
+    low = op.Where(nan_total, total, op.Where(op.Less(total, x), total, x))
+    high = op.Where(nan_total, total, op.Where(op.Less(x, total), total, x))
+    general = op.Add(_log1p(op.Exp(op.Sub(low, high))), high)  # never -0.0: Where's first operand
+    usable = op.Or(op.Not(op.Equal(low, high)), op.Not(op.Or(op.IsInf(low), op.IsNaN(low))))
+    step = op.Where(usable, general, x)
+    step.dtype = x.dtype
+    return step
+
+
+@project_rule(aten.logcumsumexp.default)
+def aten_logcumsumexp(self, dim: int):
+    """logcumsumexp(Tensor self, int dim) -> Tensor
+
+    ATen's CPU kernel: a scan along ``dim`` from -inf, each step ``_log_add_exp_helper`` in the accumulation
+    type (double for float32, float32 for 16-bit floats), here one ONNX Loop over the axis. torch_lib's
+    ``log(cumsum(exp(x - max))) + max`` with the whole axis's max underflowed every element far below the
+    max: ``logcumsumexp([-200, 0])`` began with -inf (eager -200), and +inf or an all -inf row gave NaN.
+    """
+    rank = len(self.shape)
+    if rank == 0:
+        return op.Identity(self)
+    acc = ir.DataType.FLOAT if self.dtype in _HALVES else ir.DataType.DOUBLE
+    dim %= rank
+    perm = [dim, *(i for i in range(rank) if i != dim)]
+    x = op.Transpose(op.Cast(self, to=acc), perm=perm)
+    x.dtype = acc
+    start = op.ConstantOfShape(op.Shape(x, start=1), value=ir.tensor(np.array([-np.inf], dtype=acc.numpy())))
+    start.dtype = acc
+
+    def body(i, total):
+        element = op.Gather(x, i, axis=0)
+        element.dtype = acc
+        step = _log_add_exp_step(element, total)
+        return [step, op.Identity(step)]
+
+    length = op.Squeeze(op.Shape(x, start=0, end=1), op.Constant(value_ints=[0]))
+    _, steps = loop(length, [start], body, iteration=True, scanned=1)
+    steps.dtype = acc
+    inverse = [perm.index(i) for i in range(rank)]
+    return op.CastLike(op.Transpose(steps, perm=inverse), self)
 
 
 @project_rule(aten.xlogy.Tensor)
