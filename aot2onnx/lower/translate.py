@@ -223,8 +223,23 @@ class _ConstantFarm(dict):
         super().__setitem__((_exact_key(arg), dtype), value)
 
 
+def _float_scalar_bounds(gm: torch.fx.GraphModule) -> None:
+    """``clamp(x, 1e-06, 50)`` on a float tensor with its integer bound as a float: the exporter's type
+    promotion pass finds no clamp overload for a float and an int bound together (it fails the compile:
+    torch.optim.Rprop's step). A float tensor is clamped in its own dtype either way."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.clamp.default:
+            continue
+        val = getattr(node.args[0], "meta", {}).get("val")
+        if isinstance(val, torch.Tensor) and val.is_floating_point():
+            node.args = tuple(float(a) if isinstance(a, int) and not isinstance(a, bool) else a for a in node.args)
+            node.kwargs = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                           for k, v in node.kwargs.items()}
+
+
 def _prepare(gm: torch.fx.GraphModule) -> None:
     # aten ops promote mixed dtypes implicitly; ONNX ops do not. The exporter's pass makes it explicit.
+    _float_scalar_bounds(gm)
     exporter.insert_type_promotion_nodes(gm)
 
 
