@@ -587,3 +587,16 @@ def test_integer_division_by_zero_raises():
         torch._dynamo.reset()
         with pytest.raises(RuntimeSessionError, match="Div|Mod"):
             torch.compile(fn, backend="aot2onnx")(a, b)
+
+
+@pytest.mark.filterwarnings("error:aot2onnx")
+@pytest.mark.parametrize("fn", [
+    lambda x, i: x.clamp(1e-06, 50), lambda x, i: x.clamp(-1, 0.5), lambda x, i: i.clamp(0, 1.5) * x,
+    lambda x, i: i.clamp(-1, 2.5) + x, lambda x, i: i.clamp(0, 2) + x,
+], ids=["float-int", "int-float", "int-tensor-floats", "int-tensor-mixed", "int-tensor-ints"])
+def test_clamp_with_mixed_bounds(fn):
+    """A float and an int bound, or an integer tensor with a float bound, failed the compile in the exporter's
+    type promotion pass (torch.optim.Rprop's step clamps with 1e-06 and 50)."""
+    x, i = torch.linspace(-3.0, 3.0, 8), torch.tensor([1, -2, 3, 0, 5, -7, 2, 1])
+    expected, actual = fn(x, i), torch.compile(fn, backend="aot2onnx")(x, i)
+    assert actual.dtype == expected.dtype and torch.equal(actual, expected)

@@ -224,17 +224,30 @@ class _ConstantFarm(dict):
 
 
 def _float_scalar_bounds(gm: torch.fx.GraphModule) -> None:
-    """``clamp(x, 1e-06, 50)`` on a float tensor with its integer bound as a float: the exporter's type
-    promotion pass finds no clamp overload for a float and an int bound together (it fails the compile:
-    torch.optim.Rprop's step). A float tensor is clamped in its own dtype either way."""
-    for node in gm.graph.nodes:
+    """``clamp(x, 1e-06, 50)`` with its bounds as floats where the result is a float tensor: the exporter's
+    type promotion pass finds no clamp overload for a float and an int bound together, or for an integer
+    tensor with a float bound, and failed the compile (torch.optim.Rprop's step; ``ids.clamp(0, 1.5)``).
+    A float result is clamped in its own dtype either way; an integer input is converted to it first, as
+    ATen's type promotion does."""
+    changed = False
+    for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not torch.ops.aten.clamp.default:
             continue
-        val = getattr(node.args[0], "meta", {}).get("val")
-        if isinstance(val, torch.Tensor) and val.is_floating_point():
-            node.args = tuple(float(a) if isinstance(a, int) and not isinstance(a, bool) else a for a in node.args)
-            node.kwargs = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v
-                           for k, v in node.kwargs.items()}
+        out, x = node.meta.get("val"), getattr(node.args[0], "meta", {}).get("val")
+        if not (isinstance(out, torch.Tensor) and out.is_floating_point() and isinstance(x, torch.Tensor)):
+            continue
+        args = [float(a) if isinstance(a, int) and not isinstance(a, bool) else a for a in node.args[1:]]
+        source = node.args[0]
+        if x.dtype != out.dtype:
+            with gm.graph.inserting_before(node):
+                source = gm.graph.call_function(torch.ops.prims.convert_element_type.default, (source, out.dtype))
+            source.meta["val"] = x.to(out.dtype)
+        node.args = (source, *args)
+        node.kwargs = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                       for k, v in node.kwargs.items()}
+        changed = True
+    if changed:
+        gm.recompile()
 
 
 def _prepare(gm: torch.fx.GraphModule) -> None:
