@@ -600,3 +600,14 @@ def test_clamp_with_mixed_bounds(fn):
     x, i = torch.linspace(-3.0, 3.0, 8), torch.tensor([1, -2, 3, 0, 5, -7, 2, 1])
     expected, actual = fn(x, i), torch.compile(fn, backend="aot2onnx")(x, i)
     assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nextafter_at_infinities_zeros_and_the_smallest_subnormal(dtype):
+    """nextafter(inf, 0) was NaN (eager: the largest finite number), nextafter(0.0, -0.0) +0.0 and
+    nextafter(-2**-149, 0.0) +0.0 (eager: -0.0)."""
+    tiny = float(torch.finfo(dtype).smallest_normal) * float(torch.finfo(dtype).eps)  # the smallest subnormal
+    values = [0.0, -0.0, 1.0, -1.0, 0.5, tiny, -tiny, 1e30, INF, -INF, NAN]
+    pairs = torch.cartesian_prod(torch.arange(len(values)), torch.arange(len(values)))
+    grid = torch.tensor(values, dtype=torch.float64)
+    _check(torch.nextafter, grid[pairs[:, 0]], grid[pairs[:, 1]], dtype=dtype, grad=False)

@@ -1068,6 +1068,12 @@ def prims_nextafter(self, other):
     step = op.Where(op.Greater(y, x), spacing, op.Neg(spacing))
     smallest = op.Pow(two, _double(float(min_exponent - bits)))
     result = op.Where(op.Equal(x, _double(0.0)), op.Where(op.Greater(y, x), smallest, op.Neg(smallest)), op.Add(x, step))
-    result = op.Where(op.Equal(x, y), y, result)
+    # From an infinity toward anything else: the largest finite number of that sign (x + step was NaN).
+    largest = _double(float(np.finfo(np.float32 if self.dtype == ir.DataType.FLOAT else np.float64).max))
+    result = op.Where(op.IsInf(x), op.Mul(largest, op.Sign(x)), result)
+    # A step from a nonzero x keeps x's sign, onto zero too (nextafter(-2**-149, 0.0) is -0.0, not x + step).
+    result = op.Where(op.Equal(x, _double(0.0)), result, op.Mul(op.Abs(result), _sign_of(x)))
+    # y where x == y, a -0.0 included (nextafter(0.0, -0.0) is -0.0; Where would lose it).
+    result = select(op.Equal(x, y), y, result)
     result = op.Where(op.Or(op.IsNaN(x), op.IsNaN(y)), op.Add(x, y), result)
     return op.CastLike(result, self)
