@@ -611,3 +611,20 @@ def test_nextafter_at_infinities_zeros_and_the_smallest_subnormal(dtype):
     pairs = torch.cartesian_prod(torch.arange(len(values)), torch.arange(len(values)))
     grid = torch.tensor(values, dtype=torch.float64)
     _check(torch.nextafter, grid[pairs[:, 0]], grid[pairs[:, 1]], dtype=dtype, grad=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log2_log10_sinc_erfc_heaviside_lgamma_of_exact_values(dtype):
+    """torch_lib's constants were float32: float64 log2(0.5) was -0.9999999972521647, log10(100)
+    1.9999999722264887, sinc(0.5) 2.8e-8 off; its erfc was 1 - erf(x) (float32 erfc(3) 1e-3 relatively off);
+    its heaviside gave 1 at NaN (eager 0); lgamma(1) and lgamma(2) were 1e-15 instead of 0."""
+    x = torch.tensor([0.5, 2.0, 8.0, 100.0, 1e-30, 3.0, 1024.0, 0.1], dtype=torch.float64)
+    _check(torch.log2, x.to(dtype), dtype=dtype, ulps=2, grad=False)
+    _check(torch.log10, x.to(dtype), dtype=dtype, ulps=2, grad=False)
+    _check(torch.sinc, torch.tensor([0.5, -0.5, 2.5, 0.0, 1e-3, 0.25], dtype=dtype), dtype=dtype, ulps=4, grad=False)
+    _check(torch.erfc, torch.tensor([2.5, 3.0, 5.0, 9.0, -1.0, 0.5, 0.0, 26.0], dtype=dtype), dtype=dtype, ulps=8,
+           grad=False)
+    # (the Lanczos series is within about 1e-15 absolutely: 16 ULPs at ln 2)
+    _check(torch.lgamma, torch.tensor([1.0, 2.0, 3.0, 0.5], dtype=dtype), dtype=dtype, ulps=16, grad=False)
+    values = torch.tensor([0.5, -0.0, 2.0, 0.0, 7.0], dtype=dtype)
+    _check(torch.heaviside, torch.tensor([NAN, 0.0, -1.0, 0.0, INF], dtype=dtype), values, dtype=dtype, grad=False)

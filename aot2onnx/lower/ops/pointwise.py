@@ -909,6 +909,46 @@ def aten_copysign(self, other):
     return _opmath(lambda a, b: op.Mul(op.Abs(a), _sign_of(b)), self, other)
 
 
+@project_rule(aten.heaviside.default)
+def aten_heaviside(self, values):
+    """heaviside(Tensor self, Tensor values) -> Tensor"""
+    # ATen: values where self == 0, else self > 0 as 0 or 1: 0 at NaN (torch_lib's gave 1), and a -0.0 of
+    # values kept (select, not Where).
+    step = op.CastLike(op.Greater(self, op.CastLike(0, self)), self)
+    return select(op.Equal(self, op.CastLike(0, self)), op.CastLike(values, self), step)
+
+
+# log2, log10, sinc with their constants in the input's dtype: torch_lib's Log(2.0) and x * pi are float32
+# constants, so float64 log2(0.5) was -0.9999999972521647 and log10(100) 1.9999999722264887 (1e-8 off).
+def _as_float(x):
+    """An integer or bool input as float32, the dtype ATen gives these ops' results for it."""
+    return x if x.dtype in _FLOATS else _typed(op.Cast(x, to=ir.DataType.FLOAT), ir.DataType.FLOAT)
+
+
+@project_rule(aten.log2.default)
+def aten_log2(self):
+    """log2(Tensor self) -> Tensor"""
+    self = _as_float(self)
+    return _opmath(lambda x: op.Div(op.Log(x), _scalar_like(math.log(2.0), x)), self)
+
+
+@project_rule(aten.log10.default)
+def aten_log10(self):
+    """log10(Tensor self) -> Tensor"""
+    self = _as_float(self)
+    return _opmath(lambda x: op.Div(op.Log(x), _scalar_like(math.log(10.0), x)), self)
+
+
+@project_rule(aten.sinc.default)
+def aten_sinc(self):
+    """sinc(Tensor self) -> Tensor"""
+    # ATen: 1 at 0, else sin(pi * x) / (pi * x) with pi in x's dtype (float64 sinc(0.5) was 2.8e-8 off).
+    def sinc(x):
+        product = op.Mul(x, _scalar_like(math.pi, x))
+        return op.Where(op.Equal(x, _scalar_like(0.0, x)), _scalar_like(1.0, x), op.Div(op.Sin(product), product))
+    return _opmath(sinc, _as_float(self))
+
+
 def _double(value: float):
     return op.Constant(value=ir.tensor(np.array(value, dtype=np.float64)))
 
