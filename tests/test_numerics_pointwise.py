@@ -628,3 +628,13 @@ def test_log2_log10_sinc_erfc_heaviside_lgamma_of_exact_values(dtype):
     _check(torch.lgamma, torch.tensor([1.0, 2.0, 3.0, 0.5], dtype=dtype), dtype=dtype, ulps=16, grad=False)
     values = torch.tensor([0.5, -0.0, 2.0, 0.0, 7.0], dtype=dtype)
     _check(torch.heaviside, torch.tensor([NAN, 0.0, -1.0, 0.0, INF], dtype=dtype), values, dtype=dtype, grad=False)
+
+
+@pytest.mark.filterwarnings("error:aot2onnx")
+def test_integer_inputs_of_float_valued_binary_ops():
+    # atan2, xlogy and copysign of integer tensors give float32 results in ATen; the rules compute in float32.
+    a, b = torch.tensor([3, -2, 0, 5]), torch.tensor([-1, 2, 0, 4])
+    for fn in (torch.atan2, torch.xlogy, torch.copysign, torch.heaviside):
+        torch._dynamo.reset()
+        expected, actual = fn(a, b), torch.compile(fn, backend="aot2onnx")(a, b)
+        assert actual.dtype == expected.dtype and torch.allclose(actual, expected, equal_nan=True), fn

@@ -1,6 +1,6 @@
 """Every elementwise op of a list, on a grid of the values where implementations part ways, against eager:
 signed zeros, denormals, the tails of exp, huge and tiny values, infinities and NaN, each op alone, float32 and
-float64 (``-m slow``: about two minutes a dtype).
+float64 (``-m slow``: about 40 s in 2 workers).
 
 This sweep found torch_lib's atan2 (-pi for atan2(+0, -1), 0 for NaN), floor division (1 // 0.1 = 10),
 remainder (0 % inf = NaN), logaddexp (overflow at 89), xlogy(0, nan), copysign and trunc of zeros, nextafter

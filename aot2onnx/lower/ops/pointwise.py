@@ -679,7 +679,7 @@ def _atan2(y, x):
 @project_rule(aten.atan2.default)
 def aten_atan2(self, other):
     """atan2(Tensor self, Tensor other) -> Tensor"""
-    return _opmath(_atan2, self, other)
+    return _opmath(_atan2, _as_float(self), _as_float(other))
 
 
 @project_rule(aten.angle.default)
@@ -899,14 +899,14 @@ def aten_xlogy(self, other):
     def xlogy(x, y):
         product = op.Where(op.Equal(x, _scalar_like(0.0, x)), _scalar_like(0.0, x), op.Mul(x, op.Log(y)))
         return op.Where(op.IsNaN(y), _scalar_like(float("nan"), x), product)
-    return _opmath(xlogy, self, other)
+    return _opmath(xlogy, _as_float(self), _as_float(other))
 
 
 @project_rule(aten.copysign.Tensor)
 def aten_copysign(self, other):
     """copysign.Tensor(Tensor self, Tensor other) -> Tensor"""
     # |a| with b's sign bit, -0.0's included (copysign(0, -0.0) and copysign(0, -1) were +0.0).
-    return _opmath(lambda a, b: op.Mul(op.Abs(a), _sign_of(b)), self, other)
+    return _opmath(lambda a, b: op.Mul(op.Abs(a), _sign_of(b)), _as_float(self), _as_float(other))
 
 
 @project_rule(aten.heaviside.default)
