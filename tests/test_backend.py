@@ -267,3 +267,18 @@ def test_an_output_of_another_shape_than_the_aten_graph_s_is_an_error(dynamic):
         for rows in (4, 6):
             x = torch.randn(rows, 3)
             torch.testing.assert_close(compiled(x), fn(x), rtol=1e-5, atol=1e-6)
+
+
+def test_lowering_logs_no_warnings_for_normal_cases(caplog):
+    """index_put indexing every axis (torch_lib makes an empty ints attribute for its list of unindexed axes,
+    which onnx_ir logged as ambiguous on every lowering) lowers without a warning reaching the user's log."""
+    def f(x, rows, cols, v):
+        y = x.clone()
+        y[rows, cols] = v
+        return y
+
+    x, rows, cols, v = torch.randn(5, 3), torch.tensor([0, 3]), torch.tensor([2, 1]), torch.randn(2)
+    with caplog.at_level(logging.WARNING):
+        torch.testing.assert_close(torch.compile(f, backend="aot2onnx")(x, rows, cols, v), f(x, rows, cols, v))
+    assert not [r for r in caplog.records if r.name.startswith(("onnx_ir", "onnxscript", "torch.onnx"))], \
+        [r.getMessage() for r in caplog.records]
