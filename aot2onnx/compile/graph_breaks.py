@@ -112,6 +112,7 @@ class _Records:
 
 _installed: _Records | None = None  # when the callbacks were registered: the baseline of a compile they joined late
 _started: _Records | None = None  # when the compile now in progress started
+_KINDS = frozenset({"rnn", "batchnorm", "causal_mask"})  # each told once per process
 _told: set[str] = set()
 
 _F = TypeVar("_F", bound=Callable)
@@ -145,7 +146,7 @@ def _on_start(args: CallbackArgs) -> None:
 def _on_end(args: CallbackArgs) -> None:
     global _started
     before, _started = _started or _installed, None
-    if args.callback_trigger is not CallbackTrigger.DYNAMO or before is None or len(_told) == 3:
+    if args.callback_trigger is not CallbackTrigger.DYNAMO or before is None or _told >= _KINDS:
         return
     if not _compiling_for_aot2onnx():
         return

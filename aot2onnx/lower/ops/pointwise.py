@@ -640,6 +640,12 @@ def prims_hypot(self, other):
     return op.Where(op.Or(op.IsInf(a), op.IsInf(b)), inf, result)
 
 
+def _negative_sign(x):
+    """Whether ``x``'s sign bit is set, -0.0 included (1 / -0.0 is -inf; False for NaN)."""
+    zero = _scalar_like(0.0, x)
+    return op.Or(op.Less(x, zero), op.Less(op.Div(_scalar_like(1.0, x), x), zero))
+
+
 @project_rule(aten.signbit.default)
 @project_rule(prims.signbit.default)
 def prims_signbit(self):
@@ -647,16 +653,8 @@ def prims_signbit(self):
     # (torch_lib's aten.signbit is x < 0, False for -0.0.)
     if self.dtype not in _FLOATS:
         return op.Less(self, op.CastLike(0, self))
-    # -0.0 has its sign bit set: 1 / -0.0 is -inf. (A NaN's sign bit is not visible without a bit cast.)
-    zero = op.CastLike(0.0, self)
-    negative_zero = op.And(op.Equal(self, zero), op.Less(op.Div(op.CastLike(1.0, self), self), zero))
-    return op.Or(op.Less(self, zero), negative_zero)
-
-
-def _negative_sign(x):
-    """Whether ``x``'s sign bit is set, -0.0 included (1 / -0.0 is -inf; False for NaN)."""
-    zero = _scalar_like(0.0, x)
-    return op.Or(op.Less(x, zero), op.Less(op.Div(_scalar_like(1.0, x), x), zero))
+    # (A NaN's sign bit is not visible without a bit cast.)
+    return _negative_sign(self)
 
 
 def _atan2(y, x):
@@ -673,7 +671,7 @@ def _atan2(y, x):
     # pi - angle is never -0.0 (angle <= pi/2), so Where keeps every zero's sign.
     angle = op.Where(_negative_sign(x), op.Sub(_scalar_like(math.pi, y), angle), angle)
     # The sign as a product, so that a zero angle becomes -0.0 (Where's first operand would lose it).
-    return op.Mul(angle, op.Where(_negative_sign(y), _scalar_like(-1.0, y), _scalar_like(1.0, y)))
+    return op.Mul(angle, _sign_of(y))
 
 
 @project_rule(aten.atan2.default)
@@ -696,7 +694,6 @@ def aten_angle_complex(self):
     """angle(Tensor self) -> Tensor (complex input: [..., 2], real and imaginary parts)"""
     real = op.Squeeze(op.Slice(self, [0], [1], axes=[-1]), axes=[-1])
     imag = op.Squeeze(op.Slice(self, [1], [2], axes=[-1]), axes=[-1])
-    real.dtype = imag.dtype = self.dtype
     return _atan2(imag, real)
 
 
@@ -771,15 +768,10 @@ def aten_div_tensor_mode(self, other, rounding_mode: str | None = None):
             return op.Div(self, other)  # ONNX's integer Div truncates toward zero, as C's
         return torchlib_core.aten_floor_divide(self, other)  # integer Div, minus 1 where the signs differ
     dtype = _promoted_float(self.dtype, other.dtype)
-    self, other = (v if v.dtype == dtype else _typed(op.Cast(v, to=dtype), dtype) for v in (self, other))
+    self, other = (v if v.dtype == dtype else op.Cast(v, to=dtype) for v in (self, other))
     if rounding_mode == "trunc":  # ATen: trunc(a / b)
         return _opmath(lambda a, b: _trunc(op.Div(a, b)), self, other)
     return _opmath(_div_floor, self, other)
-
-
-def _typed(value, dtype: ir.DataType):
-    value.dtype = dtype
-    return value
 
 
 @project_rule(aten.floor_divide.default)
@@ -810,11 +802,8 @@ def aten_remainder_scalar(self, other):
 def aten_div_scalar_mode(self, other, rounding_mode: str | None = None):
     """div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor"""
     if isinstance(other, float) and self.dtype not in _FLOATS:  # an integer tensor by a float: a float result
-        self = _typed(op.Cast(self, to=ir.DataType.FLOAT), ir.DataType.FLOAT)
-    if self.dtype not in _FLOATS:
-        divisor = _typed(op.Constant(value=ir.tensor(np.array(int(other), dtype=self.dtype.numpy()))), self.dtype)
-    else:
-        divisor = _scalar_like(other, self)
+        self = op.Cast(self, to=ir.DataType.FLOAT)
+    divisor = _scalar_like(other if self.dtype in _FLOATS else int(other), self)
     if rounding_mode is None:
         return torchlib_core.aten_div_mode(self, divisor, rounding_mode=None)
     return aten_div_tensor_mode(self, divisor, rounding_mode=rounding_mode)
@@ -854,9 +843,7 @@ def _log_add_exp_step(x, total):
     high = op.Where(nan_total, total, op.Where(op.Less(x, total), total, x))
     general = op.Add(_log1p(op.Exp(op.Sub(low, high))), high)  # never -0.0: Where's first operand
     usable = op.Or(op.Not(op.Equal(low, high)), op.Not(op.Or(op.IsInf(low), op.IsNaN(low))))
-    step = op.Where(usable, general, x)
-    step.dtype = x.dtype
-    return step
+    return op.Where(usable, general, x)
 
 
 @project_rule(aten.logcumsumexp.default)
@@ -875,19 +862,15 @@ def aten_logcumsumexp(self, dim: int):
     dim %= rank
     perm = [dim, *(i for i in range(rank) if i != dim)]
     x = op.Transpose(op.Cast(self, to=acc), perm=perm)
-    x.dtype = acc
     start = op.ConstantOfShape(op.Shape(x, start=1), value=ir.tensor(np.array([-np.inf], dtype=acc.numpy())))
     start.dtype = acc
 
     def body(i, total):
-        element = op.Gather(x, i, axis=0)
-        element.dtype = acc
-        step = _log_add_exp_step(element, total)
+        step = _log_add_exp_step(op.Gather(x, i, axis=0), total)
         return [step, op.Identity(step)]
 
     length = op.Squeeze(op.Shape(x, start=0, end=1), op.Constant(value_ints=[0]))
     _, steps = loop(length, [start], body, iteration=True, scanned=1)
-    steps.dtype = acc
     inverse = [perm.index(i) for i in range(rank)]
     return op.CastLike(op.Transpose(steps, perm=inverse), self)
 
@@ -922,7 +905,7 @@ def aten_heaviside(self, values):
 # constants, so float64 log2(0.5) was -0.9999999972521647 and log10(100) 1.9999999722264887 (1e-8 off).
 def _as_float(x):
     """An integer or bool input as float32, the dtype ATen gives these ops' results for it."""
-    return x if x.dtype in _FLOATS else _typed(op.Cast(x, to=ir.DataType.FLOAT), ir.DataType.FLOAT)
+    return x if x.dtype in _FLOATS else op.Cast(x, to=ir.DataType.FLOAT)
 
 
 @project_rule(aten.log2.default)
