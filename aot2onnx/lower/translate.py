@@ -231,6 +231,9 @@ def _float_scalar_bounds(gm: torch.fx.GraphModule) -> None:
     tensor with a float bound, and failed the compile (torch.optim.Rprop's step; ``ids.clamp(0, 1.5)``).
     A float result is clamped in its own dtype either way; an integer input is converted to it first, as
     ATen's type promotion does."""
+    def as_float(a: Any) -> Any:
+        return float(a) if isinstance(a, int) and not isinstance(a, bool) else a
+
     changed = False
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not torch.ops.aten.clamp.default:
@@ -238,15 +241,13 @@ def _float_scalar_bounds(gm: torch.fx.GraphModule) -> None:
         out, x = node.meta.get("val"), getattr(node.args[0], "meta", {}).get("val")
         if not (isinstance(out, torch.Tensor) and out.is_floating_point() and isinstance(x, torch.Tensor)):
             continue
-        args = [float(a) if isinstance(a, int) and not isinstance(a, bool) else a for a in node.args[1:]]
         source = node.args[0]
         if x.dtype != out.dtype:
             with gm.graph.inserting_before(node):
                 source = gm.graph.call_function(torch.ops.prims.convert_element_type.default, (source, out.dtype))
             source.meta["val"] = x.to(out.dtype)
-        node.args = (source, *args)
-        node.kwargs = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v
-                       for k, v in node.kwargs.items()}
+        node.args = (source, *map(as_float, node.args[1:]))
+        node.kwargs = {k: as_float(v) for k, v in node.kwargs.items()}
         changed = True
     if changed:
         gm.recompile()
