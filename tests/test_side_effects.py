@@ -445,6 +445,53 @@ def test_dynamic_batch_and_sequence_transformer():
     assert len(set(_symbolic_dims(next(g for g in graphs if g.kind == "forward")))) >= 2
 
 
+# 9b. A graph's backward run twice (retain_graph=True) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("cache", ["on", "off"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_retain_graph_backward_twice(cache, dynamic, monkeypatch):
+    # Two losses through one forward, as GANs and multi-task training do: the first backward keeps the
+    # graph. With the cache on (the default), or sizes saved for the backward (dynamic), AOTAutograd compiles
+    # the backward during the capture; it refused the second backward ("compiled with non-empty donated
+    # buffers") where eager, aot_eager and inductor run it.
+    if cache == "off":
+        monkeypatch.setenv("AOT2ONNX_CACHE_DIR", "off")
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
+    compiled_model = __import__("copy").deepcopy(eager)
+    compiled = torch.compile(compiled_model, backend="aot2onnx", dynamic=dynamic)
+    aot2onnx.reset_compiled_graphs()
+    for batch in (5, 7):
+        x = torch.randn(batch, 6)
+        x_e, x_c = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out_e, out_c = eager(x_e), compiled(x_c)
+        for out in (out_e, out_c):
+            out[:, 0].sum().backward(retain_graph=True)
+            out[:, 1:].square().sum().backward(retain_graph=True)
+            out.mean().backward()  # and the graph is freed after the third
+        torch.testing.assert_close(x_c.grad, x_e.grad, rtol=1e-5, atol=1e-6)
+        for (name, p_e), (_, p_c) in zip(eager.named_parameters(), compiled_model.named_parameters()):
+            torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6, msg=name)
+            p_e.grad = p_c.grad = None
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            out_c.sum().backward()
+    graphs = aot2onnx.compiled_graphs()
+    assert {g.kind for g in graphs} == {"forward", "backward"}
+    assert sum(g.runs for g in graphs if g.kind == "backward") == 6
+
+
+def test_double_backward_raises_torch_error():
+    # create_graph=True through a compiled graph is AOTAutograd's limit, for every backend, and its error says
+    # so (where the backward kept donated buffers, the error named them instead, suggesting a setting that
+    # would not have helped).
+    compiled = torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh()), backend="aot2onnx")
+    x = torch.randn(3, 4, requires_grad=True)
+    (g,) = torch.autograd.grad(compiled(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="does not currently support double backward"):
+        g.square().sum().backward()
+
+
 # 10. Graph breaks ------------------------------------------------------------------------------------------------
 
 

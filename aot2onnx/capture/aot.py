@@ -20,7 +20,7 @@ import torch
 import torch._functorch.config
 import torch.fx
 from torch._dynamo.utils import counters
-from torch._functorch._aot_autograd import autograd_cache
+from torch._functorch._aot_autograd import autograd_cache, graph_compile
 from torch._functorch._aot_autograd.autograd_cache import (
     AOTAUTOGRAD_CACHE_PREFIX,
     AOTAutogradCache,
@@ -209,9 +209,15 @@ def capture(
     # is a copy, so a saved view costs a copy that torch's view would not, while a view recomputed in the
     # backward graph is free or folds into the MatMul that reads it (with transposes decomposed to permute,
     # see decompositions.py; GPT step 0.97x, other benchmark models unchanged, alternating rounds).
+    # Our backward graphs donate no saved tensor (ONNX Runtime never writes into an input it was not told to),
+    # and saying so keeps `backward(retain_graph=True)` working: AOTAutograd refuses a second backward of a
+    # graph whose backward was compiled with donated buffers, and it compiles ours during the capture
+    # (AOTAutograd's cache, symbolic sizes saved for the backward), where torch's lazy compile would have
+    # cleared the list at a first backward that keeps the graph.
     with (
         math_attention(),
         torch._functorch.config.patch(cse=False, recompute_views=True),
+        mock.patch.object(graph_compile, "collect_bw_donated_buffer_idxs", _no_donated_buffers),
         _aot_autograd_cache(cache_dir, load_graph, authenticator) if cached else contextlib.nullcontext(),
     ):
         return aot_module_simplified(
@@ -224,6 +230,12 @@ def capture(
             partition_fn=partition_function(partitioner),
             keep_inference_input_mutations=not _needs_autograd(gm, example_inputs),
         )
+
+
+def _no_donated_buffers(*args: Any, **kwargs: Any) -> list[int]:
+    """Stands in for AOTAutograd's ``collect_bw_donated_buffer_idxs`` in our captures: no saved tensor is
+    donated to the backward graph (see capture)."""
+    return []
 
 
 def _needs_autograd(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
