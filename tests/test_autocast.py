@@ -93,6 +93,20 @@ def _cnn() -> tuple[nn.Module, callable]:
     return net, batch
 
 
+def _linear_layer_norm() -> tuple[nn.Module, callable]:
+    # A LayerNorm straight after a Linear: autocast leaves layer_norm alone, so it gets a bfloat16 input beside
+    # float32 weights (ATen's mixed-type kernel). Its lowering failed to load in ONNX Runtime (LayerNormalization
+    # takes one type), and the forward fell back to PyTorch, whose float32 statistics then failed the backward
+    # (see test_autocast_normalization_keeps_float32_statistics).
+    net = nn.Sequential(nn.Linear(12, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 16), nn.LayerNorm(16))
+
+    def batch(g: torch.Generator) -> tuple[tuple, callable]:
+        x, y = torch.randn(6, 12, generator=g), torch.randn(6, 16, generator=g)
+        return (x,), lambda out: F.mse_loss(out.float(), y)
+
+    return net, batch
+
+
 def _assert_normwise_close(compiled: torch.Tensor, eager: torch.Tensor, what: str) -> None:
     assert compiled.dtype == eager.dtype, (what, compiled.dtype, eager.dtype)
     scale = eager.float().abs().max().item()
@@ -100,7 +114,8 @@ def _assert_normwise_close(compiled: torch.Tensor, eager: torch.Tensor, what: st
     assert difference <= NORMWISE * scale, f"{what}: max |compiled - eager| = {difference:.3g} > 2**-6 * {scale:.3g}"
 
 
-@pytest.mark.parametrize("make", [_encoder_layer, _gpt_block, _cnn], ids=["TransformerEncoderLayer", "GPT block", "CNN"])
+@pytest.mark.parametrize("make", [_encoder_layer, _gpt_block, _cnn, _linear_layer_norm],
+                         ids=["TransformerEncoderLayer", "GPT block", "CNN", "Linear-LayerNorm"])
 def test_bfloat16_autocast_trains_like_eager_autocast(make):
     reset_compiled_graphs()
     reset_fallback_graphs()
@@ -143,3 +158,64 @@ def test_bfloat16_autocast_trains_like_eager_autocast(make):
     # The graphs hold bfloat16 values, and the nodes ONNX Runtime has no bfloat16 kernel for run in float32.
     assert all(g.float32_nodes > 0 for g in graphs), [(g.name, g.float32_nodes) for g in graphs]
     assert fallback_graphs() == []
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_model_trains_like_eager(dtype):
+    # model.to(bfloat16 / float16), no autocast: LayerNormalization's statistics are float32 in ONNX Runtime
+    # (its stash type) where ATen's are the input's dtype, and the backward graph, which reads them as FX
+    # declares them, failed to run ("Unexpected input data type"). Normwise as above.
+    reset_compiled_graphs()
+    reset_fallback_graphs()
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(12, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4)).to(dtype)
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, backend="aot2onnx")
+    generator = torch.Generator().manual_seed(1)
+    for step in range(STEPS):
+        x, target = torch.randn(8, 12, generator=generator).to(dtype), torch.randn(8, 4, generator=generator)
+        outs = []
+        for model in (eager, compiled):
+            out = model(x)
+            F.mse_loss(out.float(), target).backward()
+            outs.append(out)
+        assert outs[1].dtype == dtype
+        _assert_normwise_close(outs[1], outs[0], f"step {step} output")
+        for (name, p_e), p_c in zip(eager.named_parameters(), compiled_model.parameters()):
+            _assert_normwise_close(p_c.grad, p_e.grad, f"step {step} gradient of {name}")
+            p_e.grad = p_c.grad = None
+    graphs = compiled_graphs()
+    assert sorted(g.kind for g in graphs) == ["backward", "forward"], graphs
+    assert all(g.runs == STEPS for g in graphs), graphs
+    assert fallback_graphs() == []
+
+
+@pytest.mark.parametrize("norm", ["LayerNorm", "BatchNorm2d", "GroupNorm"])
+def test_autocast_normalization_keeps_float32_statistics(norm):
+    # Under autocast a normalization after a Linear or Conv gets a bfloat16 input beside float32 weights and
+    # running statistics. ATen's mixed-type kernels compute it in float32 and keep the saved mean and rstd in
+    # float32 for the backward; ATen's meta functions declare them bfloat16, and the graphs saved them rounded
+    # (gradients before the norm 0.5-0.8% of their scale off eager's), or, for LayerNorm, failed to run. Now
+    # the layers before the norm get eager's gradients to float32 noise, not bfloat16's.
+    torch.manual_seed(0)
+    if norm == "LayerNorm":
+        eager = nn.Sequential(nn.Linear(12, 16, bias=False), nn.LayerNorm(16), nn.Linear(16, 3))
+        x = torch.randn(8, 12)
+    else:
+        layer = nn.BatchNorm2d(8) if norm == "BatchNorm2d" else nn.GroupNorm(2, 8)
+        eager = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), layer, nn.ReLU(), nn.Flatten(), nn.Linear(8 * 36, 3))
+        x = torch.randn(4, 3, 8, 8)
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, backend="aot2onnx")
+    weights = torch.linspace(-1, 2, 3)
+    for model in (eager, compiled):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        (out.float() * weights).sum().backward()
+    first_e, first_c = next(eager.parameters()), next(compiled_model.parameters())
+    scale = first_e.grad.abs().max().item()
+    assert (first_c.grad - first_e.grad).abs().max().item() <= 2**-10 * scale
+    for (name, p_e), p_c in zip(eager.named_parameters(), compiled_model.parameters()):
+        _assert_normwise_close(p_c.grad, p_e.grad, f"gradient of {name}")
+    for (name, b_e), b_c in zip(eager.named_buffers(), compiled_model.buffers()):
+        _assert_normwise_close(b_c, b_e, f"buffer {name}")

@@ -51,11 +51,46 @@ def _transpose_as_permute(x: torch.Tensor, dim0: int, dim1: int) -> torch.Tensor
     return torch.ops.aten.permute.default(x, perm)
 
 
+def _mixed_norm_in_float32(op: torch._ops.OpOverload) -> Callable:
+    """A normalization of a bfloat16 or float16 input with float32 weights or running statistics (what autocast
+    leaves a LayerNorm after a Linear, a BatchNorm or GroupNorm after a Conv) as ATen's mixed-type CPU kernels
+    compute it: in float32, the output rounded once to the input's dtype, the saved mean and rstd kept in
+    float32 for the backward. ATen's meta functions declare those statistics in the input's dtype, so the op
+    traced whole saved them rounded to bfloat16 for the backward (and ONNX's LayerNormalization, which takes
+    one type, refused the mixed op). Traced as the same op on the input in float32, the graphs hold float32
+    statistics and the backward reads them as eager's does. Other calls are traced as they are
+    (NotImplemented)."""
+
+    def decomposition(input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        others = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        if input.dtype not in (torch.bfloat16, torch.float16) or all(t.dtype == input.dtype for t in others):
+            return NotImplemented
+        out, *rest = op(input.to(torch.float32), *args, **kwargs)
+        return (out.to(input.dtype), *rest)
+
+    return decomposition
+
+
 # Decomposed although they lower. aten.transpose.int -> permute: the min-cut partitioner knows permute as
 # a view (its list of views has permute and t, not transpose), so with ``recompute_views`` it saves a
 # transpose's input and transposes again in the backward graph, where ONNX Runtime folds the Transpose into
 # the MatMul that reads it, rather than having the forward graph write a transposed copy as an output.
-_ALWAYS_DECOMPOSED: dict[torch._ops.OpOverload, Callable] = {torch.ops.aten.transpose.int: _transpose_as_permute}
+# Normalizations, only with a low-precision input beside float32 weights or statistics: see _mixed_norm_in_float32.
+_ALWAYS_DECOMPOSED: dict[torch._ops.OpOverload, Callable] = {
+    torch.ops.aten.transpose.int: _transpose_as_permute,
+    **{
+        op: _mixed_norm_in_float32(op)
+        for op in (
+            torch.ops.aten.native_layer_norm.default,
+            torch.ops.aten.native_group_norm.default,
+            torch.ops.aten._native_batch_norm_legit_functional.default,
+            torch.ops.aten._native_batch_norm_legit_no_training.default,
+            torch.ops.aten._native_batch_norm_legit.default,
+            torch.ops.aten._native_batch_norm_legit.no_stats,
+            torch.ops.aten.native_batch_norm.default,
+        )
+    },
+}
 
 
 def decomposition_table(lowerable: Iterable[Any]) -> dict[torch._ops.OpOverload, Callable]:

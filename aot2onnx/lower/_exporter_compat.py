@@ -85,8 +85,10 @@ def _attr_value(value: Any) -> Any:
 
 def _set_dtypes(signature: Any, named_inputs: dict[str, Any], named_attrs: dict[str, Any], outputs: Any) -> None:
     """Gives a recorded node's outputs their element type where its schema says it (the recorder leaves them
-    unset): a Cast's target, a Constant's tensor, else the type of an input under the output's type
-    constraint. A rule's later Python scalars beside those outputs are then made in that type."""
+    unset): a Cast's target, a Constant's tensor, LayerNormalization's statistics' stash type, else the type
+    of an input under the output's type constraint, or the one type the constraint allows. A rule's later
+    Python scalars beside those outputs are then made in that type, and a value FX declares in another dtype
+    is cast to it (``translate._lower_call``)."""
     for param, output in zip(signature.outputs, outputs):
         if not isinstance(output, _ir.Value) or output.dtype is not None:
             continue
@@ -98,6 +100,8 @@ def _set_dtypes(signature: Any, named_inputs: dict[str, Any], named_attrs: dict[
             dtype = getattr(value, "dtype", None) or (
                 _ir.DataType.FLOAT if "value_float" in named_attrs else
                 _ir.DataType.INT64 if "value_int" in named_attrs else None)
+        elif signature.name == "LayerNormalization" and param.name in ("Mean", "InvStdDev"):
+            dtype = _ir.DataType(_attr_value(named_attrs.get("stash_type", 1)))  # U: float32 by default
         else:
             for name, arg in named_inputs.items():
                 input_param = signature.params_map.get(name)
@@ -105,6 +109,9 @@ def _set_dtypes(signature: Any, named_inputs: dict[str, Any], named_attrs: dict[
                         and input_param.type_constraint == param.type_constraint):
                     dtype = arg.dtype
                     break
+            allowed = getattr(param.type_constraint, "allowed_types", ())
+            if dtype is None and len(allowed) == 1:  # a fixed output type (IsNaN's bool, ArgMax's int64)
+                dtype = getattr(next(iter(allowed)), "dtype", None)
         if dtype is not None:
             output.dtype = dtype
 

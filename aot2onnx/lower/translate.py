@@ -15,6 +15,7 @@ from typing import Any
 
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
+import onnx_ir.tensor_adapters
 import onnxscript
 import torch
 import torch.fx
@@ -174,10 +175,26 @@ def _lower_call(
         tracer.nodes.append(identity)
         return identity.outputs[0]
 
+    def declared(value: ir.Value, meta: Any) -> ir.Value:
+        # The FX graph's dtype, where a rule returned another (torch_lib's LayerNormalization keeps a float16 or
+        # bfloat16 input's mean and rstd in float32, where ATen's meta function says the input's dtype). Other
+        # nodes and the backward graph read the value as FX declares it: a graph output of another dtype
+        # failed the backward graph's run. Cast to the declared dtype, as ATen's kernel returns it.
+        if not isinstance(meta, torch.Tensor) or meta.dtype.is_complex or value.dtype is None:
+            return value
+        dtype = onnx_ir.tensor_adapters.from_torch_dtype(meta.dtype)
+        if value.dtype == dtype:
+            return value
+        logger.debug("aot2onnx: the rule for %s returned %s where FX declares %s: cast", node.name, value.dtype, dtype)
+        cast = ir.node("Cast", [value], attributes={"to": dtype})
+        tracer.nodes.append(cast)
+        return cast.outputs[0]
+
     meta_val = node.meta.get("val")
     if isinstance(outputs, Sequence) and not isinstance(outputs, ir.Value):
         outputs = [None if output is None else own(output) for output in outputs]
         metas = meta_val if isinstance(meta_val, (list, tuple)) else [meta_val] * len(outputs)
+        outputs = [None if output is None else declared(output, meta) for output, meta in zip(outputs, metas)]
         for i, (output, meta) in enumerate(zip(outputs, metas)):
             if output is None:
                 continue
@@ -185,7 +202,7 @@ def _lower_call(
             output.name = f"{node.name}__{i}"
         values[node.name] = outputs
     else:
-        outputs = own(outputs)
+        outputs = declared(own(outputs), meta_val)
         _set_shape_type(outputs, meta_val)
         outputs.name = node.name
         values[node.name] = outputs
