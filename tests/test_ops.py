@@ -879,3 +879,11 @@ def test_pointwise_conv_input_gradient_as_matmul_any_rank_and_empty_batch(shape)
     graphs = _check_fn(lambda x, w: conv(x, w), x, w, scale_atol=shape[0] > 0)
     backward = next(g for g in graphs if g.kind == "backward")
     assert backward.op_counts["ConvTranspose"] == 0, backward.op_counts
+
+
+# vector_norm over every axis with keepdim=True keeps every axis as size 1 (torch_lib's rule returned a scalar).
+@pytest.mark.parametrize("ord", [2, 1, 3, float("inf"), 0.5])
+@pytest.mark.parametrize("shape", [(5,), (4, 3), (2, 3, 4)])
+def test_vector_norm_over_every_axis_keeps_dims(ord, shape):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    _check_fn(lambda t: (torch.linalg.vector_norm(t, ord, keepdim=True), t.norm(p=ord, dim=None, keepdim=True) * 2), x)

@@ -18,6 +18,7 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
+from onnxscript.function_libs.torch_lib.ops import linalg as torchlib_linalg
 from onnxscript.function_libs.torch_lib.ops import prims as torchlib_prims
 
 from aot2onnx.lower.registry import project_rule
@@ -99,6 +100,21 @@ def _all_or_any(reduce, self, dim: Sequence[int] | None, keepdim: bool):
     axes = sorted(set(_axes(dim, rank)))
     reduced = reduce(op.Cast(truth, to=ir.DataType.UINT8), op.Constant(value_ints=axes), keepdims=1 if keepdim else 0)
     return op.Cast(reduced, to=out_type)
+
+
+@project_rule(aten.linalg_vector_norm.default)
+def aten_linalg_vector_norm(self, ord: float = 2.0, dim: Sequence[int] | None = None, keepdim: bool = False,
+                            dtype: int = -1):
+    """linalg_vector_norm(Tensor self, Scalar ord=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
+
+    torch_lib's rule flattens the input for ``dim=None`` and drops ``keepdim`` there: ``vector_norm(x,
+    keepdim=True)`` came back as a scalar where ATen keeps every axis as size 1 (the run was refused by the
+    output shape check). Its result reshaped to that."""
+    result = torchlib_linalg.aten_linalg_vector_norm(self, ord, dim, keepdim, dtype)
+    rank = len(self.shape)
+    if dim is None and keepdim and rank:
+        return op.Reshape(result, op.Constant(value_ints=[1] * rank))
+    return result
 
 
 @project_rule(aten.all.default)
