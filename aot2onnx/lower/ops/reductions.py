@@ -109,9 +109,12 @@ def aten_linalg_vector_norm(self, ord: float = 2.0, dim: Sequence[int] | None = 
 
     torch_lib's rule flattens the input for ``dim=None`` and drops ``keepdim`` there: ``vector_norm(x,
     keepdim=True)`` came back as a scalar where ATen keeps every axis as size 1 (the run was refused by the
-    output shape check). Its result reshaped to that."""
-    result = torchlib_linalg.aten_linalg_vector_norm(self, ord, dim, keepdim, dtype)
+    output shape check). Its result reshaped to that. A 0-d input reduced over dim 0 or -1 (ATen's wrap) is
+    reduced as flattened: torch_lib's axes were out of range for ONNX."""
     rank = len(self.shape)
+    if rank == 0:
+        dim = None
+    result = torchlib_linalg.aten_linalg_vector_norm(self, ord, dim, keepdim, dtype)
     if dim is None and keepdim and rank:
         return op.Reshape(result, op.Constant(value_ints=[1] * rank))
     return result
