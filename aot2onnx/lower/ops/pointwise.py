@@ -901,25 +901,27 @@ def aten_heaviside(self, values):
     return select(op.Equal(self, op.CastLike(0, self)), op.CastLike(values, self), step)
 
 
-# log2, log10, sinc with their constants in the input's dtype: torch_lib's Log(2.0) and x * pi are float32
-# constants, so float64 log2(0.5) was -0.9999999972521647 and log10(100) 1.9999999722264887 (1e-8 off).
 def _as_float(x):
     """An integer or bool input as float32, the dtype ATen gives these ops' results for it."""
     return x if x.dtype in _FLOATS else op.Cast(x, to=ir.DataType.FLOAT)
 
 
+# log2, log10, sinc with their constants in the input's dtype: torch_lib's Log(2.0) and x * pi are float32
+# constants, so float64 log2(0.5) was -0.9999999972521647 and log10(100) 1.9999999722264887 (1e-8 off).
+def _log_in_base(x, base: float):
+    return _opmath(lambda v: op.Div(op.Log(v), _scalar_like(math.log(base), v)), _as_float(x))
+
+
 @project_rule(aten.log2.default)
 def aten_log2(self):
     """log2(Tensor self) -> Tensor"""
-    self = _as_float(self)
-    return _opmath(lambda x: op.Div(op.Log(x), _scalar_like(math.log(2.0), x)), self)
+    return _log_in_base(self, 2.0)
 
 
 @project_rule(aten.log10.default)
 def aten_log10(self):
     """log10(Tensor self) -> Tensor"""
-    self = _as_float(self)
-    return _opmath(lambda x: op.Div(op.Log(x), _scalar_like(math.log(10.0), x)), self)
+    return _log_in_base(self, 10.0)
 
 
 @project_rule(aten.sinc.default)
