@@ -894,3 +894,45 @@ def test_vector_norm_over_every_axis_keeps_dims(ord, shape):
     reset_fallback_graphs()
     _check_fn(norms, x)
     assert fallback_graphs() == []  # all on ONNX Runtime
+
+
+# The SVD's U has orthonormal columns also for singular values of exactly 0 (a zero matrix, a zero column or
+# row, a LoRA product whose B is still zero): the Jacobi rule left those columns at zero, so U^T U was not I,
+# and the nuclear and spectral norms' gradients at a zero matrix were 0 where LAPACK's U V^T gives I.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", ["zero", "zero column", "zero row (wide)", "batch with a zero member", "lora at init"])
+def test_svd_u_is_orthonormal_where_singular_values_are_zero(case, dtype):
+    g = torch.Generator().manual_seed(0)
+    if case == "zero":
+        a = torch.zeros(5, 5)
+    elif case == "zero column":
+        a = torch.randn(6, 4, generator=g)
+        a[:, 1] = 0
+    elif case == "zero row (wide)":
+        a = torch.randn(3, 6, generator=g)
+        a[1] = 0
+    elif case == "batch with a zero member":
+        a = torch.randn(3, 6, 4, generator=g)
+        a[1] = 0
+    else:
+        a = torch.zeros(8, 2) @ torch.randn(2, 6, generator=g)
+    a = a.to(dtype)
+    k = min(a.shape[-2:])
+    eye = torch.eye(k, dtype=dtype)
+
+    def svd(t):
+        return torch.linalg.svd(t, full_matrices=False)
+
+    torch._dynamo.reset()
+    u, s, vh = torch.compile(svd, backend=aot2onnx.backend(fallback=False))(a)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(u.mT @ u, eye.expand_as(u.mT @ u), rtol=0, atol=tol)
+    torch.testing.assert_close(vh @ vh.mT, eye.expand_as(vh @ vh.mT), rtol=0, atol=tol)
+    torch.testing.assert_close(u @ torch.diag_embed(s) @ vh, a, rtol=0, atol=tol)
+    torch.testing.assert_close(s, svd(a)[1], rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("ord", ["nuc", 2, -2])
+def test_matrix_norm_subgradient_at_zero_is_eagers(ord):
+    # A subgradient, fixed by the SVD's choice of U and V there: LAPACK's identities, and now the rule's.
+    _check_fn(lambda t: torch.linalg.matrix_norm(t, ord), torch.zeros(2, 4, 4, dtype=torch.float64))

@@ -30,7 +30,7 @@ import torch
 from onnxscript import opset18 as op
 
 from aot2onnx.lower.ops._common import float64_constant
-from aot2onnx.lower.ops._control import loop
+from aot2onnx.lower.ops._control import cond, loop
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -645,7 +645,49 @@ def _svd_tall(a: M):
     u = w.like(op.Mul(op.Div(w.v, op.Unsqueeze(safe, _ints([-2]))), op.Unsqueeze(op.Cast(op.Greater(norms, float64_constant(0.0)), to=_DOUBLE), _ints([-2]))))
     s_sorted, u = _sorted_columns(norms, u, descending=True)
     _, v = _sorted_columns(norms, v, descending=True)
-    return u, s_sorted, v
+    return _orthonormal_completion(u, op.Equal(s_sorted, float64_constant(0.0))), s_sorted, v
+
+
+def _orthonormal_completion(u: M, missing):
+    """u [..., m, n] (m >= n), whose columns flagged in ``missing`` [..., n] are zero and whose others are
+    orthonormal, with each missing column replaced by a unit vector orthogonal to all the others.
+
+    A singular value of exactly 0 leaves its column of A V at zero, where LAPACK's U still has orthonormal
+    columns (a basis of the null space's complement): a zero matrix, a zero column. In column order, each
+    missing column takes the standard basis vector e_i least covered by the columns so far (the smallest
+    squared norm of row i, the first on ties) less its projection on them, twice (classical Gram-Schmidt
+    with reorthogonalization), normalized. The zero matrix gets the identity's columns, as from LAPACK.
+    Runs only where some column is missing (an If), n steps of O(m n) each (a Loop)."""
+    m, n = u.rows, u.cols
+    if m == 0 or n == 0:
+        return u
+    columns = op.Constant(value=ir.tensor(np.arange(n, dtype=np.int64)))
+    identity = float64_constant(np.eye(m))
+
+    def step(j, u_value):
+        covered = op.ReduceSum(op.Mul(u_value, u_value), _ints([-1]), keepdims=0)  # [..., m]
+        e = op.Gather(identity, op.ArgMin(covered, axis=-1, keepdims=0), axis=0)  # [..., m]
+        col = _last(e)  # [..., m, 1]
+        ut = op.Transpose(u_value, perm=list(range(u.rank - 2)) + [u.rank - 1, u.rank - 2])
+        for _ in range(2):
+            col = op.Sub(col, op.MatMul(u_value, op.MatMul(ut, col)))
+        norm = op.Sqrt(op.ReduceSum(op.Mul(col, col), _ints([-2]), keepdims=1))  # [..., 1, 1]
+        col = op.Div(col, op.Where(op.Equal(norm, float64_constant(0.0)), float64_constant(1.0), norm))
+        here = op.And(_last(op.Gather(missing, j, axis=-1)), op.Equal(columns, j))  # [..., n]
+        return [op.Where(op.Unsqueeze(here, _ints([-2])), col, u_value)]
+
+    def complete():
+        u_value = op.Identity(u.v)
+        u_value.dtype = _DOUBLE
+        return loop(n, [u_value], step, iteration=True)
+
+    def keep():
+        u_value = op.Identity(u.v)
+        u_value.dtype = _DOUBLE
+        return [u_value]
+
+    any_missing = op.Cast(op.ReduceMax(op.Cast(missing, to=ir.DataType.UINT8), keepdims=0), to=ir.DataType.BOOL)
+    return u.like(cond(any_missing, complete, keep)[0])
 
 
 def _svd(a: M):
