@@ -30,7 +30,7 @@ RANDOM_OPS = frozenset(
 )
 
 __all__ = [
-    "InputKind", "OutputKind", "InputSpec", "OutputSpec", "MutationSpec", "GraphSignature", "LoweredGraph", "RANDOM_OPS",
+    "InputKind", "OutputKind", "InputSpec", "OutputSpec", "MutationSpec", "CheckSpec", "GraphSignature", "LoweredGraph", "RANDOM_OPS",
 ]
 
 
@@ -74,10 +74,23 @@ class MutationSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class CheckSpec:
+    """A check that makes ATen raise on bad input (``aten._linalg_check_errors`` on a factorization's ``info``,
+    behind ``torch.linalg.inv``, ``cholesky``, ``solve``...): the graph returns the ``info`` tensor as this
+    ONNX output, after the written inputs' values, and the runtime runs the check on it after the run, so a
+    singular matrix raises eager's error instead of returning inf or NaN."""
+
+    onnx_name: str  # the ONNX output holding info
+    api_name: str  # the name the error message gives (``linalg.inv``)
+    is_matrix: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class GraphSignature:
     inputs: tuple[InputSpec, ...]
     outputs: tuple[OutputSpec, ...]
     mutations: tuple[MutationSpec, ...] = ()
+    checks: tuple[CheckSpec, ...] = ()
 
     @property
     def onnx_outputs(self) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import aot2onnx
+from aot2onnx.compile.fallback import fallback_graphs, reset_fallback_graphs
 from aot2onnx.testing import assert_parity, assert_same_effects
 
 
@@ -607,3 +608,64 @@ def test_mixed_dtypes():
     assert_same_effects(_Mixed(), make)
     tokens, mask = make()
     assert_parity(_Mixed, (tokens, mask), loss_fn=lambda out: out[0].square().mean())
+
+
+# torch.linalg.inv, cholesky, solve, lu_factor... raise on a singular (or non positive-definite) input: ATen's
+# _linalg_check_errors on the factorization's info, which AOTAutograd keeps as an effectful op. Its rule had
+# dropped it, so the compiled call returned inf or NaN where eager raised. The runtime now runs eager's check
+# on the info the graph returns, with the persistent cache too (the signature carries the check).
+_SINGULAR = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
+_LINALG_CHECKS = {
+    "inv": (torch.linalg.inv, _SINGULAR),
+    "inverse": (torch.inverse, _SINGULAR),
+    "inv in a batch": (lambda a: torch.linalg.inv(a) * 2, torch.stack([torch.eye(2), _SINGULAR])),
+    "cholesky": (torch.linalg.cholesky, torch.tensor([[1.0, 2.0], [2.0, 1.0]])),
+    "solve": (lambda a: torch.linalg.solve(a, torch.ones(2, 1)), _SINGULAR),
+    "lu_factor": (lambda a: torch.linalg.lu_factor(a)[0], torch.zeros(2, 2)),
+}
+
+
+@pytest.mark.parametrize("case", list(_LINALG_CHECKS))
+def test_linalg_errors_on_singular_input_are_eagers(case, tmp_path, monkeypatch):
+    monkeypatch.setenv("AOT2ONNX_CACHE_DIR", str(tmp_path / "cache"))
+    fn, a = _LINALG_CHECKS[case]
+    with pytest.raises(RuntimeError) as eager:
+        fn(a)
+    for attempt in ("lowered", "from the cache"):
+        torch._dynamo.reset()
+        aot2onnx.reset_compiled_graphs()
+        compiled = torch.compile(fn, backend="aot2onnx")
+        with pytest.raises(type(eager.value)) as got:
+            compiled(a)
+        assert str(got.value) == str(eager.value), attempt
+        assert aot2onnx.compiled_graphs(), "the factorization ran on ONNX Runtime"
+        # A regular input still gets its values.
+        regular = a + 3 * torch.eye(2)
+        torch.testing.assert_close(compiled(regular), fn(regular), rtol=1e-5, atol=1e-6)
+
+
+def test_effectful_graphs_train_like_eager_when_loaded_from_the_cache(tmp_path, monkeypatch):
+    # A graph with an effect token (the check behind cholesky) failed its run when AOTAutograd's cache gave it
+    # back, in every process after the first: the cache rebuilds no wrapper for lifted tokens, so the inputs
+    # came shifted by one. Tokens are now unlifted (capture/aot.py), as for inductor.
+    monkeypatch.setenv("AOT2ONNX_CACHE_DIR", str(tmp_path / "cache"))
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(3, 3, generator=g)
+    weights = torch.arange(9.0).reshape(3, 3)
+
+    def loss(w):
+        return (torch.linalg.cholesky(w @ w.T + torch.eye(3)) * weights).sum() + torch.linalg.inv(w + 3 * torch.eye(3)).sum()
+
+    w_e = w0.clone().requires_grad_(True)
+    loss(w_e).backward()
+    for attempt in ("lowered", "from the cache"):
+        torch._dynamo.reset()
+        aot2onnx.reset_compiled_graphs()
+        reset_fallback_graphs()
+        w_c = w0.clone().requires_grad_(True)
+        out = torch.compile(loss, backend="aot2onnx")(w_c)
+        out.backward()
+        torch.testing.assert_close(out, loss(w0), rtol=1e-5, atol=1e-5, msg=attempt)
+        torch.testing.assert_close(w_c.grad, w_e.grad, rtol=1e-4, atol=1e-5, msg=attempt)
+        assert {g_.kind for g_ in aot2onnx.compiled_graphs()} == {"forward", "backward"}, attempt
+        assert fallback_graphs() == [], attempt  # all on ONNX Runtime

@@ -209,6 +209,10 @@ def capture(
     # is a copy, so a saved view costs a copy that torch's view would not, while a view recomputed in the
     # backward graph is free or folds into the MatMul that reads it (with transposes decomposed to permute,
     # see decompositions.py; GPT step 0.97x, other benchmark models unchanged, alternating rounds).
+    # Effect tokens (the check behind torch.linalg.inv, cholesky, solve: with_effects) are unlifted, as for
+    # inductor: the graphs make their token (prims._make_token) and sink it, rather than taking it as an input
+    # and returning it. AOTAutogradCache rebuilds no wrapper for lifted tokens, so a graph with one, reloaded
+    # from the cache, got its inputs shifted by one and failed its run (the first step of every later process).
     # Our backward graphs donate no saved tensor (ONNX Runtime never writes into an input it was not told to),
     # and saying so keeps `backward(retain_graph=True)` working: AOTAutograd refuses a second backward of a
     # graph whose backward was compiled with donated buffers, and it compiles ours during the capture
@@ -216,7 +220,7 @@ def capture(
     # cleared the list at a first backward that keeps the graph.
     with (
         math_attention(),
-        torch._functorch.config.patch(cse=False, recompute_views=True),
+        torch._functorch.config.patch(cse=False, recompute_views=True, unlift_effect_tokens=True),
         mock.patch.object(graph_compile, "collect_bw_donated_buffer_idxs", _no_donated_buffers),
         _aot_autograd_cache(cache_dir, load_graph, authenticator) if cached else contextlib.nullcontext(),
     ):

@@ -31,6 +31,7 @@ from aot2onnx.lower.registry import Registry, default_registry
 from aot2onnx.lower.seeds import seed_random_ops
 from aot2onnx.signature import (
     RANDOM_OPS,
+    CheckSpec,
     GraphSignature,
     InputKind,
     InputSpec,
@@ -201,6 +202,9 @@ def _lower_call(
             _set_shape_type(output, meta)
             output.name = f"{node.name}__{i}"
         values[node.name] = outputs
+    elif outputs is None:  # an op that returns nothing (prims._sink_tokens): no value, no node
+        if node.users:
+            raise LoweringError(f"the {rule.origin} rule {rule.name} returned nothing for {node.format_node()}")
     else:
         outputs = declared(own(outputs), meta_val)
         _set_shape_type(outputs, meta_val)
@@ -307,6 +311,7 @@ def lower_graph(
     placeholders: list[torch.fx.Node] = []
     output_specs: list[OutputSpec] = []
     written: list[tuple[int, ir.Value]] = []  # (input position, its new value): the graph's copy_ into inputs
+    checks: list[tuple[ir.Value, str, bool]] = []  # (info, API name, is_matrix): see _is_check
     fx_nodes = 0
 
     for node in gm.graph.nodes:
@@ -333,6 +338,8 @@ def lower_graph(
                 _lower_call(model, graph, node, values, registry, onnx_opset, constant_farm)
                 if node.target is torch.ops.aten.copy_.default:
                     written.append(_written_input(node, values, placeholders))
+                elif _is_check(node):
+                    checks.append((values[node.args[2].name], str(node.args[3]), bool(node.kwargs.get("is_matrix", True))))
             elif node.op == "output":
                 output_specs = _graph_outputs(node, graph, values, placeholders)
             else:
@@ -345,6 +352,7 @@ def lower_graph(
     # the passes have run (OutputFixPass gives an output that is an input, or a second use of one value, an
     # Identity of its own).
     written_at = _written_outputs(graph, written)
+    checked_at = _checked_outputs(graph, checks)
 
     # Inputs the ONNX graph never reads are not bound at run time.
     used = {v.name for v in graph.inputs if v.uses() or v in graph.outputs}
@@ -373,7 +381,8 @@ def lower_graph(
                 raise LoweringError(f"graph {name!r} could not be converted from opset 18 to opset {opset}")
         proto = ir.serde.serialize_model(model)
     mutations = tuple(MutationSpec(index, proto.graph.output[position].name) for index, position in written_at)
-    signature = GraphSignature(tuple(input_specs), tuple(output_specs), mutations)
+    checks_ = tuple(CheckSpec(proto.graph.output[position].name, api, is_matrix) for position, api, is_matrix in checked_at)
+    signature = GraphSignature(tuple(input_specs), tuple(output_specs), mutations, checks_)
     return LoweredGraph(proto, signature, fx_nodes, len(proto.graph.node))
 
 
@@ -404,6 +413,33 @@ def _written_outputs(graph: ir.Graph, written: list[tuple[int, ir.Value]]) -> li
             value = identity.outputs[0]
             value.name = f"written__{index}"
         positions.append((index, len(graph.outputs)))
+        graph.outputs.append(value)
+    return positions
+
+
+def _is_check(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is ``with_effects(token, aten._linalg_check_errors, info, api_name, is_matrix=...)``: the
+    check ``torch.linalg.inv``, ``cholesky``, ``solve`` and the other factorizations run on their ``info``
+    output, which raises on a singular or non-positive-definite input (AOTAutograd threads an effect token
+    through it). Its rule drops it from the ONNX graph; the runtime runs it on the returned ``info``."""
+    return (
+        node.target is torch.ops.higher_order.with_effects
+        and len(node.args) >= 4
+        and node.args[1] is torch.ops.aten._linalg_check_errors.default
+        and isinstance(node.args[2], torch.fx.Node)
+    )
+
+
+def _checked_outputs(graph: ir.Graph, checks: list[tuple[ir.Value, str, bool]]) -> list[tuple[int, str, bool]]:
+    """Adds each check's ``info`` as a graph output after the written inputs': (output position, API name,
+    is_matrix)."""
+    positions = []
+    for value, api_name, is_matrix in checks:
+        if value.producer() is None:  # an input or a constant: an output of its own, as for written values
+            identity = ir.node("Identity", [value])
+            graph.append(identity)
+            value = identity.outputs[0]
+        positions.append((len(graph.outputs), api_name, is_matrix))
         graph.outputs.append(value)
     return positions
 

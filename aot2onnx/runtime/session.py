@@ -401,6 +401,7 @@ class OrtGraph:
         self.runs = 0
         self._onnx_outputs = signature.onnx_outputs
         self._mutations = signature.mutations
+        self._checks = signature.checks
         self._in_place: frozenset[str] = frozenset()  # mutation outputs bound on their input's memory
         # ONNX Runtime hands bool tensors to DLPack as uint8; the output's declared type says which they are.
         declared = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
@@ -409,8 +410,9 @@ class OrtGraph:
         # on outputs it allocates: see _check_shapes.
         self._input_dims = {i.name: _declared_dims(i) for i in model.graph.input}
         output_dims = {o.name: _declared_dims(o) for o in model.graph.output}
-        # In the order of the run's results: the returned outputs, then the written inputs' new values.
-        self._output_dims = [(n, output_dims.get(n)) for n in (*self._onnx_outputs, *(m.onnx_name for m in self._mutations))]
+        # In the order of the run's results: the returned outputs, the written inputs' new values, the checks'.
+        self._output_dims = [(n, output_dims.get(n)) for n in (
+            *self._onnx_outputs, *(m.onnx_name for m in self._mutations), *(c.onnx_name for c in self._checks))]
         # Per input: the (address, shape, dtype) bound last. Parameters keep their memory from step to
         # step, so most inputs need no new binding.
         self._bound: dict[str, tuple[int, tuple[int, ...], int]] = {}
@@ -418,7 +420,7 @@ class OrtGraph:
         self._trial: _ThreadTrial | None = None
         self.nchwc_convolutions = 0  # Conv nodes moved to ONNX Runtime's blocked layout (nchwc.py)
         self.float32_nodes = 0  # low-precision nodes computed in float32, having no kernel (precision.py)
-        if self._onnx_outputs or self._mutations:
+        if self._onnx_outputs or self._mutations or self._checks:
             try:
                 providers = providers_for(device, options)
                 if options.graph_optimization_level in ("layout", "all") and providers == ["CPUExecutionProvider"]:
@@ -595,13 +597,15 @@ class OrtGraph:
             for output in self._onnx_outputs:
                 binding.bind_output(output, self._ort_device)
             copied = self._bind_mutations(args, binding) if self._mutations else ()
+            for check in self._checks:
+                binding.bind_output(check.onnx_name, self._ort_device)
             try:
                 ort_run(binding, None)
             except Exception as e:
                 self._bound.clear()  # bind every input afresh after a failure
                 raise RuntimeSessionError(f"ONNX Runtime failed running graph {self.name!r}: {e}") from e
             self.runs += 1
-            if not self._onnx_outputs and not copied:
+            if not self._onnx_outputs and not copied and not self._checks:
                 return []
             values = binding.get_outputs()
             if self._cpu:
@@ -615,7 +619,11 @@ class OrtGraph:
                 self._check_shapes(results)
             for index, position in copied:
                 args[index].detach().copy_(results[position])
+            checked = results[len(self._onnx_outputs) + len(self._mutations):]
             del results[len(self._onnx_outputs):]
+        for check, info in zip(self._checks, checked):
+            # eager's own check and error (torch._C._LinAlgError: "linalg.inv: The diagonal element 2 is zero...")
+            torch.ops.aten._linalg_check_errors(info, check.api_name, is_matrix=check.is_matrix)
         for i, is_bool in enumerate(self._bool_outputs):
             if is_bool and results[i].dtype != torch.bool:
                 results[i] = results[i].view(torch.bool)

@@ -16,8 +16,9 @@ tau, Cholesky factors) come out the same and not merely equivalent:
 
 The loops over rows and columns are unrolled at lowering time, so the matrix dimensions (the last two)
 must be static; batch dimensions may be anything. Everything is computed in float64 and cast back.
-Checks that make ATen raise on singular input (``_linalg_check_errors``) are not kept: the ``info``
-outputs report the failure, as they do in ATen with ``check_errors=False``.
+The checks that make ATen raise on singular input (``_linalg_check_errors``, behind ``torch.linalg.inv``,
+``cholesky``, ``solve``) are not ONNX nodes: the graph returns the ``info`` they read, and the runtime runs
+ATen's check on it after the run (``signature.CheckSpec``), so the error is eager's.
 """
 
 from __future__ import annotations
@@ -484,10 +485,22 @@ def higher_order_with_effects(token, effectful_op, *args, **kwargs):
     name = effectful_op.name() if isinstance(effectful_op, torch._ops.OpOverload) else str(effectful_op)
     if name not in _CHECKS:
         raise NotImplementedError(f"no lowering for the effectful op {name}")
-    # The check raises in ATen when a factorization failed; here the info outputs carry that instead.
-    # The new token is a fresh empty tensor: AOTAutograd passes no tensor for the token at run time, so
-    # the graph must not read its token input.
+    # The check raises in ATen when a factorization failed. It is not an ONNX node: the graph returns the
+    # info it reads, and the runtime runs the check on it after the run (lower/translate.py, _is_check).
+    # The new token is a fresh empty tensor, sunk by prims._sink_tokens.
     return (op.ConstantOfShape(_ints([0]), value=ir.tensor(np.zeros(1, dtype=token.dtype.numpy()))),)
+
+
+@project_rule(torch.ops.prims._make_token.default)
+def prims_make_token():
+    """_make_token() -> Tensor: the token an effectful op is threaded with (tokens unlifted, capture/aot.py)."""
+    return op.ConstantOfShape(_ints([0]), value=ir.tensor(np.zeros(1, dtype=np.float32)))
+
+
+@project_rule(torch.ops.prims._sink_tokens.default)
+def prims_sink_tokens(tokens):
+    """_sink_tokens(Tensor[] tokens) -> (): where the tokens end; nothing to compute."""
+    return None
 
 
 # --- symmetric eigendecomposition and SVD (parallel Jacobi) ---------------------------------------------
