@@ -44,6 +44,9 @@ def _has_matplotlib() -> bool:
     return True
 
 
+# Slow (35-65 s, the default run's longest test): it runs the whole quick benchmark, fresh processes included.
+# `make test-slow` or `pytest -m slow tests/test_bench.py` runs it; `make bench` goes the same way.
+@pytest.mark.slow
 def test_quick_bench_report_structure(tmp_path, monkeypatch):
     # tiny stands in for the main suite, mlp-s (the device suite's cheapest) for the device suite. One lever of
     # LEVERS, and one that fails (an option aot2onnx does not know), in two short rounds.
