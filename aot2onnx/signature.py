@@ -73,16 +73,23 @@ class MutationSpec:
     onnx_name: str  # the ONNX output holding its new value
 
 
+# Kinds of CheckSpec.
+CHECK_LINALG = "linalg"  # ATen's _linalg_check_errors on a factorization's info
+CHECK_NEGATIVE_INDEX = "negative_index"  # the smallest index an op read, which ATen refuses below 0
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckSpec:
-    """A check that makes ATen raise on bad input (``aten._linalg_check_errors`` on a factorization's ``info``,
-    behind ``torch.linalg.inv``, ``cholesky``, ``solve``...): the graph returns the ``info`` tensor as this
-    ONNX output, after the written inputs' values, and the runtime runs the check on it after the run, so a
-    singular matrix raises eager's error instead of returning inf or NaN."""
+    """A check that makes ATen raise on bad input, run by the runtime after the graph's run on a value the graph
+    returns as this ONNX output, after the written inputs' values (``aot2onnx.lower.checks``): ATen's
+    ``_linalg_check_errors`` on a factorization's ``info`` (behind ``torch.linalg.inv``, ``cholesky``,
+    ``solve``...), so a singular matrix raises eager's error instead of returning inf or NaN; or the smallest
+    index an op read, where ATen refuses a negative one and ONNX's Gather would read from the end."""
 
-    onnx_name: str  # the ONNX output holding info
+    onnx_name: str  # the ONNX output holding info (or what ``kind`` checks)
     api_name: str  # the name the error message gives (``linalg.inv``)
     is_matrix: bool
+    kind: str = CHECK_LINALG
 
 
 @dataclasses.dataclass(frozen=True)

@@ -521,7 +521,8 @@ def _signature_to_json(signature: GraphSignature) -> dict[str, Any] | None:
         outputs.append({"kind": spec.kind.value, "onnx_name": spec.onnx_name, "index": spec.index, "value": spec.value})
     inputs = [{"kind": spec.kind.value, "onnx_name": spec.onnx_name} for spec in signature.inputs]
     mutations = [{"index": spec.index, "onnx_name": spec.onnx_name} for spec in signature.mutations]
-    checks = [{"onnx_name": c.onnx_name, "api_name": c.api_name, "is_matrix": c.is_matrix} for c in signature.checks]
+    checks = [{"onnx_name": c.onnx_name, "api_name": c.api_name, "is_matrix": c.is_matrix, "kind": c.kind}
+              for c in signature.checks]
     return {"inputs": inputs, "outputs": outputs, "mutations": mutations, "checks": checks}
 
 
@@ -531,7 +532,8 @@ def _signature_from_json(data: dict[str, Any]) -> GraphSignature:
         OutputSpec(OutputKind(o["kind"]), o["onnx_name"], o["index"], o["value"]) for o in data["outputs"]
     )
     mutations = tuple(MutationSpec(m["index"], m["onnx_name"]) for m in data["mutations"])
-    checks = tuple(CheckSpec(c["onnx_name"], c["api_name"], c["is_matrix"]) for c in data.get("checks", ()))
+    checks = tuple(CheckSpec(c["onnx_name"], c["api_name"], c["is_matrix"], c.get("kind", "linalg"))
+                   for c in data.get("checks", ()))
     return GraphSignature(inputs, outputs, mutations, checks)
 
 

@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from aot2onnx.errors import LoweringError, UnsupportedOpError
 from aot2onnx.lower import _exporter_compat as exporter
+from aot2onnx.lower.checks import CHECK_LINALG, collecting
 from aot2onnx.lower.dispatch import dispatch, is_passthrough_getitem
 from aot2onnx.lower.registry import Registry, default_registry
 from aot2onnx.lower.seeds import seed_random_ops
@@ -311,43 +312,46 @@ def lower_graph(
     placeholders: list[torch.fx.Node] = []
     output_specs: list[OutputSpec] = []
     written: list[tuple[int, ir.Value]] = []  # (input position, its new value): the graph's copy_ into inputs
-    checks: list[tuple[ir.Value, str, bool]] = []  # (info, API name, is_matrix): see _is_check
+    checks: list[tuple[ir.Value, str, bool, str]] = []  # (value, API name, is_matrix, kind): see aot2onnx.lower.checks
     fx_nodes = 0
 
-    for node in gm.graph.nodes:
-        try:
-            if node.op == "placeholder":
-                placeholders.append(node)
-                value = _value_for_placeholder(node, onnx_opset)
-                if value is None:
-                    input_specs.append(InputSpec(InputKind.UNUSED))
-                    continue
-                values[node.name] = value
-                graph.inputs.append(value)
-                kind = InputKind.TENSOR if isinstance(node.meta.get("val"), torch.Tensor) else InputKind.SYMINT
-                input_specs.append(InputSpec(kind, node.name))
-            elif node.op == "get_attr":
-                tensor = getattr(gm, node.target)
-                value = ir.Value(name=node.name)
-                value.const_value = exporter.TorchTensor(tensor, name=node.name)
-                exporter.set_shape_type(value, tensor, complex_to_float=True)
-                graph.initializers[node.name] = value
-                values[node.name] = value
-            elif node.op == "call_function":
-                fx_nodes += 1
-                _lower_call(model, graph, node, values, registry, onnx_opset, constant_farm)
-                if node.target is torch.ops.aten.copy_.default:
-                    written.append(_written_input(node, values, placeholders))
-                elif _is_check(node):
-                    checks.append((values[node.args[2].name], str(node.args[3]), bool(node.kwargs.get("is_matrix", True))))
-            elif node.op == "output":
-                output_specs = _graph_outputs(node, graph, values, placeholders)
-            else:
-                raise LoweringError(f"unexpected FX node kind {node.op!r}: {node.format_node()}")
-        except (LoweringError, UnsupportedOpError):
-            raise
-        except Exception as e:
-            raise LoweringError(f"could not lower {node.format_node()}\n    from {user_source_line(node)}") from e
+    with collecting() as rule_checks:  # runtime checks the rules ask for (aot2onnx.lower.checks)
+        for node in gm.graph.nodes:
+            try:
+                if node.op == "placeholder":
+                    placeholders.append(node)
+                    value = _value_for_placeholder(node, onnx_opset)
+                    if value is None:
+                        input_specs.append(InputSpec(InputKind.UNUSED))
+                        continue
+                    values[node.name] = value
+                    graph.inputs.append(value)
+                    kind = InputKind.TENSOR if isinstance(node.meta.get("val"), torch.Tensor) else InputKind.SYMINT
+                    input_specs.append(InputSpec(kind, node.name))
+                elif node.op == "get_attr":
+                    tensor = getattr(gm, node.target)
+                    value = ir.Value(name=node.name)
+                    value.const_value = exporter.TorchTensor(tensor, name=node.name)
+                    exporter.set_shape_type(value, tensor, complex_to_float=True)
+                    graph.initializers[node.name] = value
+                    values[node.name] = value
+                elif node.op == "call_function":
+                    fx_nodes += 1
+                    _lower_call(model, graph, node, values, registry, onnx_opset, constant_farm)
+                    if node.target is torch.ops.aten.copy_.default:
+                        written.append(_written_input(node, values, placeholders))
+                    elif _is_check(node):
+                        checks.append((values[node.args[2].name], str(node.args[3]), bool(node.kwargs.get("is_matrix", True)),
+                                       CHECK_LINALG))
+                elif node.op == "output":
+                    output_specs = _graph_outputs(node, graph, values, placeholders)
+                else:
+                    raise LoweringError(f"unexpected FX node kind {node.op!r}: {node.format_node()}")
+            except (LoweringError, UnsupportedOpError):
+                raise
+            except Exception as e:
+                raise LoweringError(f"could not lower {node.format_node()}\n    from {user_source_line(node)}") from e
+    checks += [(value, api_name, True, kind) for value, kind, api_name in rule_checks]
     # The inputs' new values are outputs after the returned ones; their names are read back by position once
     # the passes have run (OutputFixPass gives an output that is an input, or a second use of one value, an
     # Identity of its own).
@@ -381,7 +385,8 @@ def lower_graph(
                 raise LoweringError(f"graph {name!r} could not be converted from opset 18 to opset {opset}")
         proto = ir.serde.serialize_model(model)
     mutations = tuple(MutationSpec(index, proto.graph.output[position].name) for index, position in written_at)
-    checks_ = tuple(CheckSpec(proto.graph.output[position].name, api, is_matrix) for position, api, is_matrix in checked_at)
+    checks_ = tuple(CheckSpec(proto.graph.output[position].name, api, is_matrix, kind)
+                    for position, api, is_matrix, kind in checked_at)
     signature = GraphSignature(tuple(input_specs), tuple(output_specs), mutations, checks_)
     return LoweredGraph(proto, signature, fx_nodes, len(proto.graph.node))
 
@@ -430,16 +435,16 @@ def _is_check(node: torch.fx.Node) -> bool:
     )
 
 
-def _checked_outputs(graph: ir.Graph, checks: list[tuple[ir.Value, str, bool]]) -> list[tuple[int, str, bool]]:
-    """Adds each check's ``info`` as a graph output after the written inputs': (output position, API name,
-    is_matrix)."""
+def _checked_outputs(graph: ir.Graph, checks: list[tuple[ir.Value, str, bool, str]]) -> list[tuple[int, str, bool, str]]:
+    """Adds each check's value as a graph output after the written inputs': (output position, API name,
+    is_matrix, kind)."""
     positions = []
-    for value, api_name, is_matrix in checks:
+    for value, api_name, is_matrix, kind in checks:
         if value.producer() is None:  # an input or a constant: an output of its own, as for written values
             identity = ir.node("Identity", [value])
             graph.append(identity)
             value = identity.outputs[0]
-        positions.append((len(graph.outputs), api_name, is_matrix))
+        positions.append((len(graph.outputs), api_name, is_matrix, kind))
         graph.outputs.append(value)
     return positions
 

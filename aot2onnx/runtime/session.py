@@ -25,7 +25,15 @@ from aot2onnx.runtime.inplace import writable_in_place
 from aot2onnx.runtime.nchwc import DOMAIN as NCHWC
 from aot2onnx.runtime.nchwc import rewrite_convolutions
 from aot2onnx.runtime.precision import compute_in_float
-from aot2onnx.signature import RANDOM_OPS, GraphKind, GraphSignature, InputKind, OutputKind
+from aot2onnx.signature import (
+    CHECK_LINALG,
+    CHECK_NEGATIVE_INDEX,
+    RANDOM_OPS,
+    GraphKind,
+    GraphSignature,
+    InputKind,
+    OutputKind,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -621,9 +629,9 @@ class OrtGraph:
                 args[index].detach().copy_(results[position])
             checked = results[len(self._onnx_outputs) + len(self._mutations):]
             del results[len(self._onnx_outputs):]
-        for check, info in zip(self._checks, checked):
+        for check, value in zip(self._checks, checked):
             # eager's own check and error (torch._C._LinAlgError: "linalg.inv: The diagonal element 2 is zero...")
-            torch.ops.aten._linalg_check_errors(info, check.api_name, is_matrix=check.is_matrix)
+            _raise_if_failed(check.kind, check.api_name, value, check.is_matrix)
         for i, is_bool in enumerate(self._bool_outputs):
             if is_bool and results[i].dtype != torch.bool:
                 results[i] = results[i].view(torch.bool)
@@ -697,3 +705,18 @@ class OrtGraph:
             f"OrtGraph({self.name!r}, kind={self.kind}, fx_nodes={self.fx_node_count}, onnx_nodes={self.onnx_node_count}, "
             f"runs={self.runs}, device={self.device})"
         )
+
+
+def _raise_if_failed(kind: str, api_name: str, value: torch.Tensor, is_matrix: bool) -> None:
+    """Raises eager's error where a check's value from the run (``signature.CheckSpec``) says ATen would have."""
+    if kind == CHECK_LINALG:
+        torch.ops.aten._linalg_check_errors(value, api_name, is_matrix=is_matrix)
+    elif kind == CHECK_NEGATIVE_INDEX:
+        smallest = int(value)
+        if smallest < 0:
+            raise IndexError(
+                f"{api_name}: index {smallest} is out of range: ATen refuses a negative index here, as eager does "
+                "(ONNX Runtime would have read from the end)"
+            )
+    else:
+        raise RuntimeSessionError(f"unknown check kind {kind!r} in a graph's signature")
