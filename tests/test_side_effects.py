@@ -684,6 +684,8 @@ _NEGATIVE_INDEX = {
     "scatter_add": (lambda i: torch.zeros(4, 5).scatter_add(1, i, _X[:, :1]), torch.tensor([[0], [-1], [1], [2]]),
                     torch.tensor([[0], [4], [1], [1]])),
     "cross_entropy": (lambda t: F.cross_entropy(_X, t), torch.tensor([0, -1, 1, 2]), torch.tensor([0, -100, 1, 2])),
+    "cross_entropy over an image": (lambda t: F.cross_entropy(_X[:3, :3].reshape(1, 3, 3, 1).expand(2, 3, 3, 2), t),
+                                    torch.tensor([[[0, 1], [-1, 2], [1, 1]]] * 2), torch.tensor([[[0, 1], [2, 2], [1, -100]]] * 2)),
     "nll_loss": (lambda t: F.nll_loss(_X.log_softmax(1), t, ignore_index=-5), torch.tensor([0, -1, -5, 2]),
                  torch.tensor([0, 4, -5, 2])),
 }
