@@ -2,7 +2,8 @@
 
 ONNX has no op that fails a run on a condition, and where ATen raises on bad input an ONNX op may compute
 something instead: its Gather and Scatter read a negative index from the end, where ATen's embedding, gather,
-index_select, scatter and nll_loss refuse it (``index out of range``). A rule that lowers such an op hands
+index_select, scatter and nll_loss refuse it (``index out of range``), and ATen's factorizations raise on
+a singular matrix (``_linalg_check_errors`` on their ``info``). A rule that lowers such an op hands
 the value that decides the error to :func:`runtime_check`; the graph returns it as an extra output (a
 ``CheckSpec`` of the graph's signature), and the runtime raises after the run where eager would have
 raised (``runtime/session.py``, ``_raise_if_failed``).
@@ -19,13 +20,14 @@ from aot2onnx.signature import CHECK_LINALG, CHECK_NEGATIVE_INDEX
 
 __all__ = ["CHECK_LINALG", "CHECK_NEGATIVE_INDEX", "collecting", "runtime_check"]
 
-_PENDING: contextvars.ContextVar[list[tuple[Any, str, str]] | None] = contextvars.ContextVar("aot2onnx_checks", default=None)
+_PENDING: contextvars.ContextVar[list[tuple[Any, str, str, bool]] | None] = contextvars.ContextVar(
+    "aot2onnx_checks", default=None)
 
 
 @contextlib.contextmanager
-def collecting() -> Iterator[list[tuple[Any, str, str]]]:
-    """Collects the checks the rules ask for while a graph is lowered: (ONNX value, kind, op name)."""
-    checks: list[tuple[Any, str, str]] = []
+def collecting() -> Iterator[list[tuple[Any, str, str, bool]]]:
+    """Collects the checks the rules ask for while a graph is lowered: (ONNX value, kind, op name, is_matrix)."""
+    checks: list[tuple[Any, str, str, bool]] = []
     token = _PENDING.set(checks)
     try:
         yield checks
@@ -33,9 +35,10 @@ def collecting() -> Iterator[list[tuple[Any, str, str]]]:
         _PENDING.reset(token)
 
 
-def runtime_check(value: Any, kind: str, api_name: str) -> None:
+def runtime_check(value: Any, kind: str, api_name: str, is_matrix: bool = True) -> None:
     """Has the runtime check ``value`` (of ``kind``) after each run of the graph, naming ``api_name`` in the
-    error. Outside a lowering (a rule traced on its own) there is no graph to return it from: ignored."""
+    error (``is_matrix``: _linalg_check_errors' argument). Outside a lowering (a rule traced on its own)
+    there is no graph to return it from: ignored."""
     checks = _PENDING.get()
     if checks is not None:
-        checks.append((value, kind, api_name))
+        checks.append((value, kind, api_name, is_matrix))

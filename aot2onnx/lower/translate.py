@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from aot2onnx.errors import LoweringError, UnsupportedOpError
 from aot2onnx.lower import _exporter_compat as exporter
-from aot2onnx.lower.checks import CHECK_LINALG, collecting
+from aot2onnx.lower.checks import collecting
 from aot2onnx.lower.dispatch import dispatch, is_passthrough_getitem
 from aot2onnx.lower.registry import Registry, default_registry
 from aot2onnx.lower.seeds import seed_random_ops
@@ -312,7 +312,6 @@ def lower_graph(
     placeholders: list[torch.fx.Node] = []
     output_specs: list[OutputSpec] = []
     written: list[tuple[int, ir.Value]] = []  # (input position, its new value): the graph's copy_ into inputs
-    checks: list[tuple[ir.Value, str, bool, str]] = []  # (value, API name, is_matrix, kind): see aot2onnx.lower.checks
     fx_nodes = 0
 
     with collecting() as rule_checks:  # runtime checks the rules ask for (aot2onnx.lower.checks)
@@ -340,9 +339,6 @@ def lower_graph(
                     _lower_call(model, graph, node, values, registry, onnx_opset, constant_farm)
                     if node.target is torch.ops.aten.copy_.default:
                         written.append(_written_input(node, values, placeholders))
-                    elif _is_check(node):
-                        checks.append((values[node.args[2].name], str(node.args[3]), bool(node.kwargs.get("is_matrix", True)),
-                                       CHECK_LINALG))
                 elif node.op == "output":
                     output_specs = _graph_outputs(node, graph, values, placeholders)
                 else:
@@ -351,7 +347,7 @@ def lower_graph(
                 raise
             except Exception as e:
                 raise LoweringError(f"could not lower {node.format_node()}\n    from {user_source_line(node)}") from e
-    checks += [(value, api_name, True, kind) for value, kind, api_name in rule_checks]
+    checks = [(value, api_name, is_matrix, kind) for value, kind, api_name, is_matrix in rule_checks]
     # The inputs' new values are outputs after the returned ones; their names are read back by position once
     # the passes have run (OutputFixPass gives an output that is an input, or a second use of one value, an
     # Identity of its own).
@@ -420,19 +416,6 @@ def _written_outputs(graph: ir.Graph, written: list[tuple[int, ir.Value]]) -> li
         positions.append((index, len(graph.outputs)))
         graph.outputs.append(value)
     return positions
-
-
-def _is_check(node: torch.fx.Node) -> bool:
-    """Whether ``node`` is ``with_effects(token, aten._linalg_check_errors, info, api_name, is_matrix=...)``: the
-    check ``torch.linalg.inv``, ``cholesky``, ``solve`` and the other factorizations run on their ``info``
-    output, which raises on a singular or non-positive-definite input (AOTAutograd threads an effect token
-    through it). Its rule drops it from the ONNX graph; the runtime runs it on the returned ``info``."""
-    return (
-        node.target is torch.ops.higher_order.with_effects
-        and len(node.args) >= 4
-        and node.args[1] is torch.ops.aten._linalg_check_errors.default
-        and isinstance(node.args[2], torch.fx.Node)
-    )
 
 
 def _checked_outputs(graph: ir.Graph, checks: list[tuple[ir.Value, str, bool, str]]) -> list[tuple[int, str, bool, str]]:

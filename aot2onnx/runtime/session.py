@@ -630,7 +630,7 @@ class OrtGraph:
             checked = results[len(self._onnx_outputs) + len(self._mutations):]
             del results[len(self._onnx_outputs):]
         for check, value in zip(self._checks, checked):
-            # eager's own check and error (torch._C._LinAlgError: "linalg.inv: The diagonal element 2 is zero...")
+            # where eager raises: ATen's own linalg check and message, or an IndexError for a negative index
             _raise_if_failed(check.kind, check.api_name, value, check.is_matrix)
         for i, is_bool in enumerate(self._bool_outputs):
             if is_bool and results[i].dtype != torch.bool:

@@ -30,6 +30,7 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
+from aot2onnx.lower.checks import CHECK_LINALG, runtime_check
 from aot2onnx.lower.ops._common import float64_constant
 from aot2onnx.lower.ops._control import cond, loop
 from aot2onnx.lower.registry import project_rule
@@ -486,7 +487,9 @@ def higher_order_with_effects(token, effectful_op, *args, **kwargs):
     if name not in _CHECKS:
         raise NotImplementedError(f"no lowering for the effectful op {name}")
     # The check raises in ATen when a factorization failed. It is not an ONNX node: the graph returns the
-    # info it reads, and the runtime runs the check on it after the run (lower/translate.py, _is_check).
+    # info it reads, and the runtime runs ATen's check on it after the run (lower/checks.py).
+    info, api_name = args
+    runtime_check(info, CHECK_LINALG, str(api_name), bool(kwargs.get("is_matrix", True)))
     # The new token is a fresh empty tensor, sunk by prims._sink_tokens.
     return (op.ConstantOfShape(_ints([0]), value=ir.tensor(np.zeros(1, dtype=token.dtype.numpy()))),)
 

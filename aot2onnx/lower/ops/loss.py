@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
 
-from aot2onnx.lower.checks import CHECK_NEGATIVE_INDEX, runtime_check
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -22,13 +20,6 @@ def aten_nll_loss_forward(self, target, weight, reduction: int, ignore_index: in
     # mean by total_weight, and AOTAutograd feeds it the forward's value, so with the fake one every
     # gradient of a mean cross-entropy came out N times too large. total_weight is the sum of the weights
     # of the targets that are not ignored (their count without weights), 0 for reduction='none' on a batch.
-    # ATen refuses a target below 0 that is not ignore_index (-1 as a padding label beside the default -100),
-    # where ONNX's GatherElements would read it from the end: the runtime raises there (lower/checks.py).
-    checked = op.Where(op.Equal(target, op.CastLike(ignore_index, target)), op.CastLike(0, target), target)
-    smallest = op.ReduceMin(op.Concat(op.Cast(op.Reshape(checked, op.Constant(value_ints=[-1])), to=ir.DataType.INT64),
-                                      op.Constant(value_ints=[0]), axis=0), keepdims=0)
-    smallest.dtype, smallest.shape = ir.DataType.INT64, ir.Shape([])
-    runtime_check(smallest, CHECK_NEGATIVE_INDEX, "nll_loss (target)")
     output = torchlib_nn.aten_nll_loss(self, target, weight, reduction, ignore_index)
     batched = len(self.shape) > 1
     if reduction == _NONE and batched:
