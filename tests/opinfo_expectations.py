@@ -142,6 +142,11 @@ ENTRIES: dict[str, Entry] = _table([
         "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial", "normal", "normal.in_place",
         "normal.number_mean", "uniform", "rand_like", "randn", "randn_like", "randint", "randint_like",
     )],
+    # float16 index_reduce reduces in float32 (ONNX Runtime's CPU ScatterElements has no float16 add or mul) and
+    # rounds once, where ATen rounds after each step: ours is nearer float64's (products of 5 float16 factors:
+    # 2.5 from float64 against eager's 5.5), and the two differ by more than float16's default tolerance.
+    *[(name, entry(tol={torch.float16: (2e-2, 2e-2)}, grad_tol={torch.float16: (2e-2, 2e-2)}))
+      for name in ("index_reduce.mean", "index_reduce.prod")],
     # svd_lowrank and pca_lowrank draw a random projection, but their result does not depend on it.
     ("svd_lowrank", entry(values=True)),
     ("pca_lowrank", entry(values=True)),

@@ -936,3 +936,83 @@ def test_svd_u_is_orthonormal_where_singular_values_are_zero(case, dtype):
 def test_matrix_norm_subgradient_at_zero_is_eagers(ord):
     # A subgradient, fixed by the SVD's choice of U and V there: LAPACK's identities, and now the rule's.
     _check_fn(lambda t: torch.linalg.matrix_norm(t, ord), torch.zeros(2, 4, 4, dtype=torch.float64))
+
+
+# scatter_reduce's mean was ONNX's plain replacement (torch_lib maps it to reduction "none"): every graph with
+# it returned other values than eager, with no warning. The scatters now share one rule (lower/ops/indexing.py).
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+def test_scatter_reduce_matches_eager(reduce, include_self):
+    g = torch.Generator().manual_seed(3)
+    x, src = torch.randn(6, 4, generator=g), torch.randn(5, 4, generator=g)
+    index = torch.randint(0, 6, (5, 4), generator=g)  # rows 0-5 hit zero, one or several times
+    _check_fn(lambda x, s: x.scatter_reduce(0, index, s, reduce, include_self=include_self), x, src)
+    ints = torch.randint(-20, 20, (6, 4), generator=g)  # integer mean divides with floor, as ATen does
+    _check_fn(lambda x: x.scatter_reduce(1, index[:, :3].remainder(4), ints[:5, :3], reduce, include_self=include_self), ints)
+
+
+def test_scatter_variants_match_eager_in_low_precision_and_bool():
+    g = torch.Generator().manual_seed(4)
+    index = torch.randint(0, 6, (5, 4), generator=g)
+    for dtype in (torch.float16, torch.bfloat16):  # ONNX Runtime has no float16 add: reduced in float32
+        x, src = torch.randn(6, 4, generator=g).to(dtype), torch.randn(5, 4, generator=g).to(dtype)
+        for reduce in ("sum", "mean", "amax"):
+            _check_fn(lambda x, s, reduce=reduce: x.scatter_reduce(0, index, s, reduce), x, src, rtol=1e-2, atol=1e-2)
+        _check_fn(lambda x, s: x.scatter_add(0, index, s), x, src, rtol=1e-2, atol=1e-2)
+    flags, src_flags = torch.rand(6, 4, generator=g) > 0.5, torch.rand(5, 4, generator=g) > 0.5
+    for reduce in ("sum", "prod", "amax", "amin"):  # ONNX Runtime has no bool max: reduced in int32
+        _check_fn(lambda x, reduce=reduce: x.scatter_reduce(0, index, src_flags, reduce), flags)
+    _check_fn(lambda x: x.scatter(0, index, src_flags), flags)
+
+
+def test_scatter_amax_propagates_nan_as_eager():
+    x = torch.tensor([[1.0, 2.0], [3.0, float("nan")], [0.0, 0.0]])
+    src = torch.tensor([[float("nan"), 5.0], [4.0, 1.0], [2.0, 7.0]])
+    index = torch.tensor([[0, 1], [0, 1], [0, 0]])
+    for include_self in (True, False):
+        for reduce in ("amax", "amin"):
+            def fn(x, s, reduce=reduce, include_self=include_self):
+                return x.scatter_reduce(0, index, s, reduce, include_self=include_self)
+            torch._dynamo.reset()
+            aot2onnx.reset_compiled_graphs()
+            expected = fn(x, src)
+            assert expected.isnan().sum() == (2 if include_self else 1)
+            torch.testing.assert_close(torch.compile(fn, backend="aot2onnx")(x, src), expected, equal_nan=True)
+            assert aot2onnx.compiled_graphs()
+
+
+@pytest.mark.parametrize("case", ["0-d", "0-d index into 1-d", "empty index"])
+def test_gather_and_scatter_at_edge_shapes(case):
+    if case == "0-d":
+        x, index, src = torch.tensor(1.5), torch.tensor(0), torch.tensor(2.5)
+    elif case == "0-d index into 1-d":
+        x, index, src = torch.randn(3), torch.tensor(0), torch.tensor(2.5)
+    else:
+        x, index, src = torch.randn(5), torch.zeros(2, 0, dtype=torch.int64), torch.randn(2, 0)
+    _check_fn(lambda x: torch.gather(x, 0, index) * 2, x)
+    if case != "empty index":
+        _check_fn(lambda x, s: x.scatter_add(0, index, s) * 2, x, src)
+        _check_fn(lambda x, s: x.scatter(0, index, s) * 2, x, src)
+
+
+# index_add and index_copy are lowered whole (one ScatterND), not through torch's decomposition into index_put,
+# which reads a negative index from the end where ATen refuses it; index_fill, which accepts one, wraps it.
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_index_add_copy_fill_match_eager(dim):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(5, 4, 3, generator=g)
+    size = x.shape[dim]
+    index = torch.tensor([size - 1, 0, size - 1])  # a duplicate: index_add sums it
+    source = torch.randn(*(3 if d == dim % 3 else n for d, n in enumerate(x.shape)), generator=g)
+    _check_fn(lambda x, s: x.index_add(dim, index, s, alpha=0.5) * 2, x, source)
+    _check_fn(lambda x, s: x.index_copy(dim, index[:2], s.narrow(dim, 0, 2)) * 2, x, source)
+    _check_fn(lambda x: x.index_fill(dim, torch.tensor([-1, 0]), -2.0) * 2, x)
+    _check_fn(lambda x, v: x.index_fill(dim, torch.tensor([1]), v) * 2, x, torch.tensor(0.5))
+    ints = torch.randint(-9, 9, (5, 4, 3), generator=g)
+    _check_fn(lambda x: x.index_add(dim, index, torch.ones_like(source, dtype=torch.int64)), ints)
+    _check_fn(lambda x: x.index_reduce(dim, index, (source * 10).to(torch.int64), "mean"), ints)  # floor division
+    for reduce in ("amin", "amax", "prod", "mean"):  # integer amin without self put +inf, cast to int64, first
+        _check_fn(lambda x, reduce=reduce: x.index_reduce(dim, index, (source * 10).to(torch.int64), reduce,
+                                                          include_self=False), ints)
+        _check_fn(lambda x, s, reduce=reduce: x.index_reduce(dim, index, s, reduce, include_self=False) * 2, x, source)
+    assert fallback_graphs() == []

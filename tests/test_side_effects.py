@@ -671,13 +671,30 @@ def test_effectful_graphs_train_like_eager_when_loaded_from_the_cache(tmp_path, 
         assert fallback_graphs() == [], attempt  # all on ONNX Runtime
 
 
-# ATen's embedding and index_select refuse a negative index (a padding id of -1 fed to an Embedding); ONNX's
-# Gather reads it from the end, so the compiled step trained on the last row where eager raises. The runtime
-# now raises IndexError there (lower/checks.py); indices past the end already failed ONNX Runtime's run.
+# ATen's embedding, index_select, gather and scatters refuse a negative index (a padding id of -1 fed to an
+# Embedding, a label of -1 fed to cross_entropy, which torch decomposes into a gather); ONNX's Gather,
+# GatherElements and ScatterElements read it from the end, so the compiled step trained on the last row where
+# eager raises. The runtime now raises IndexError there (lower/checks.py); indices past the end already
+# failed ONNX Runtime's run.
 _X = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+_SRC = torch.randn(2, 5, generator=torch.Generator().manual_seed(1))
+_ROWS, _ROWS_NEGATIVE = torch.tensor([[0, 3, 1, 0, 2], [1, 1, 2, 3, 3]]), torch.tensor([[0, 3, 1, 0, 2], [1, -1, 2, 3, 3]])
 _NEGATIVE_INDEX = {
     "embedding": (lambda i: F.embedding(i, _X), torch.tensor([[0, 3], [-1, 2]]), torch.tensor([[0, 3], [1, 2]])),
     "index_select": (lambda i: torch.index_select(_X, 1, i), torch.tensor([0, -2]), torch.tensor([0, 3])),
+    "gather": (lambda i: torch.gather(_X, 0, i), _ROWS_NEGATIVE, _ROWS),
+    "cross_entropy": (lambda y: F.cross_entropy(_X, y), torch.tensor([1, -1, 0, 4]), torch.tensor([1, -100, 0, 4])),
+    "nll_loss": (lambda y: F.nll_loss(_X, y, ignore_index=2), torch.tensor([1, 2, -3, 4]), torch.tensor([1, 2, 3, 4])),
+    "scatter": (lambda i: _X.scatter(0, i, _SRC), _ROWS_NEGATIVE, _ROWS),
+    "scatter value": (lambda i: _X.scatter(0, i, 2.5), _ROWS_NEGATIVE, _ROWS),
+    "scatter reduce=add": (lambda i: _X.scatter(0, i, _SRC, reduce="add"), _ROWS_NEGATIVE, _ROWS),
+    "scatter_add": (lambda i: _X.scatter_add(0, i, _SRC), _ROWS_NEGATIVE, _ROWS),
+    "scatter_reduce": (lambda i: _X.scatter_reduce(0, i, _SRC, "mean", include_self=False), _ROWS_NEGATIVE, _ROWS),
+    "index_add": (lambda i: _X.index_add(0, i, _SRC, alpha=2), torch.tensor([3, -1]), torch.tensor([3, 3])),
+    "index_copy": (lambda i: _X.index_copy(1, i, _X[:, :2]), torch.tensor([-4, 1]), torch.tensor([4, 1])),
+    "index_reduce": (lambda i: _X.index_reduce(0, i, _SRC, "amax"), torch.tensor([0, -2]), torch.tensor([0, 2])),
+    "embedding_bag": (lambda i: F.embedding_bag(i, _X, torch.tensor([0, 2]), mode="max"), torch.tensor([0, 3, -1]),
+                      torch.tensor([0, 3, 1])),
 }
 
 

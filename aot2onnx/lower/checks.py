@@ -1,8 +1,8 @@
 """Checks a lowered graph leaves to the runtime: conditions under which ATen raises, computed by the graph.
 
 ONNX has no op that fails a run on a condition, and where ATen raises on bad input an ONNX op may compute
-something instead: its Gather reads a negative index from the end, where ATen's embedding and index_select
-refuse it (``index out of range``), and ATen's factorizations raise on a singular matrix
+something instead: its Gather and Scatter read a negative index from the end, where ATen's embedding,
+index_select, gather and scatters refuse it (``index out of range``), and ATen's factorizations raise on a singular matrix
 (``_linalg_check_errors`` on their ``info``). A rule that lowers such an op hands
 the value that decides the error to :func:`runtime_check`; the graph returns it as an extra output (a
 ``CheckSpec`` of the graph's signature), and the runtime raises after the run where eager would have

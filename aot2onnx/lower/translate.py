@@ -160,7 +160,7 @@ def _lower_call(
         except Exception as e:
             raise LoweringError(
                 f"the {rule.origin} rule {rule.name} failed on\n    {node.format_node()}\n"
-                f"    from {user_source_line(node)}"
+                f"    from {user_source_line(node)}\n    {type(e).__name__}: {e}"
             ) from e
     for identifier, function in tracer.functions.items():
         if identifier not in model.functions:

@@ -65,40 +65,27 @@ def aten_put(self, index, source, accumulate: bool = False):
     return op.Reshape(updated, op.Shape(self))
 
 
-_IDENTITY = {"prod": 1.0, "amax": float("-inf"), "amin": float("inf"), "mean": 0.0}
-_REDUCTION = {"prod": "mul", "amax": "max", "amin": "min", "mean": "add"}
+def _mean(total, count, floating: bool):
+    """total / count (count >= 1) as ATen's scatter and index reductions take a mean: integers divided with
+    floor, where ONNX's Div truncates toward zero."""
+    quotient = op.Div(total, count)
+    if floating:
+        return quotient
+    remainder = op.Sub(total, op.Mul(quotient, count))
+    return op.Sub(quotient, op.CastLike(op.Less(remainder, op.CastLike(0, remainder)), quotient))
 
 
 @project_rule(aten.index_reduce.default)
 def aten_index_reduce(self, dim: int, index, source, reduce: str, include_self: bool = True):
     """index_reduce(Tensor self, int dim, Tensor index, Tensor source, str reduce, *, bool include_self=True) -> Tensor"""
-    rank, floating = len(self.shape), self.dtype in FLOATS
-    if rank == 0:
-        self, source = op.Reshape(self, op.Constant(value_ints=[1])), op.Reshape(source, op.Constant(value_ints=[1]))
-    dim = dim % max(rank, 1)
-    # index picks, for each slice of source along dim, the slice of self it reduces into.
-    index_shape = [1] * max(rank, 1)
-    index_shape[dim] = -1
-    index = op.Expand(op.Reshape(index, op.Constant(value_ints=index_shape)), op.Shape(source))
-    counts = op.ScatterElements(
-        op.CastLike(op.ConstantOfShape(op.Shape(self)), source), index, op.CastLike(op.Expand(
-            op.Constant(value_float=1.0), op.Shape(source)), source), axis=dim, reduction="add"
-    )
-    touched = op.Greater(counts, op.CastLike(0, counts))
-    if include_self:
-        base = self
-    else:
-        base = op.Where(touched, op.CastLike(_IDENTITY[reduce], self), self)
-    result = op.ScatterElements(base, index, source, axis=dim, reduction=_REDUCTION[reduce])
-    if reduce == "mean":
-        divisor = op.Add(counts, op.CastLike(1.0 if include_self else 0.0, counts))
-        mean = op.Div(result, op.Max(divisor, op.CastLike(1.0, divisor)))
-        if not floating:
-            mean = op.Floor(mean)
-        result = op.Where(touched, op.CastLike(mean, self), self)
-    if rank == 0:
-        result = op.Reshape(result, op.Constant(value_ints=[]))
-    return result
+    # scatter_reduce with index naming, for each slice of source along dim, the slice of self it reduces into.
+    rank = len(self.shape)
+    if rank:
+        dim %= rank
+        index_shape = [1] * rank
+        index_shape[dim] = -1
+        index = op.Expand(op.Reshape(index, op.Constant(value_ints=index_shape)), op.Shape(source))
+    return _scatter(self, dim, index, source, reduce, "index_reduce", include_self)
 
 
 def _searchsorted(sorted_sequence, values, out_int32: bool, right: bool, side: str | None, sorter, scalar: bool):
@@ -200,6 +187,7 @@ def aten_embedding_bag(weight, indices, offsets, scale_grad_by_freq: bool = Fals
     # _embedding_bag_backward (PyTorch's kernel, behind the fallback), reads them: every mean and max
     # gradient, and every gradient with a padding_idx, came out wrong. The bags stay torch_lib's; the other
     # three are ATen's CPU values, in the shapes of its meta function.
+    _refuse_negative(indices, "embedding_bag")
     output = torchlib_core.aten_embedding_bag_padding_idx(
         weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset,
         padding_idx if padding_idx >= 0 else None,
@@ -245,15 +233,25 @@ def aten_embedding_bag(weight, indices, offsets, scale_grad_by_freq: bool = Fals
     return (output, *(op.CastLike(x, offsets) for x in (offset2bag, bag_size, max_indices)))
 
 
+@project_rule(aten._embedding_bag_forward_only.default)
+def aten_embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq: bool = False, mode: int = 0,
+                                    sparse: bool = False, per_sample_weights=None, include_last_offset: bool = False,
+                                    padding_idx: int = -1):
+    """_embedding_bag_forward_only(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)"""
+    # What embedding_bag traces to without gradients: the same op (the bags are read; the rest rarely is).
+    return aten_embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                              include_last_offset, padding_idx)
+
+
 # --- ops that refuse a negative index ------------------------------------------------------------------
 #
-# ATen's embedding and index_select raise on an index below 0 ("index out of range in self"), where ONNX's
-# Gather reads it from the end: an Embedding fed a padding id of -1 returned the last row and trained on it.
-# Each rule below has the runtime raise where the smallest index is negative (lower/checks.py); indices
-# past the end make ONNX Runtime fail the run already. torch_lib's rule does the rest. (x[i], index_put and
-# take_along_dim accept negative indices in ATen: their rules are left alone. gather and scatter refuse
-# them too, but torch_lib's rules called from a project rule failed the slow OpInfo sweep's 0-d and bool
-# samples: not covered yet.)
+# ATen's embedding, index_select, gather and the scatters raise on an index below 0 ("index out of range in
+# self", "index -1 is out of bounds"), where ONNX's Gather, GatherElements and ScatterElements read it from
+# the end: an Embedding fed a padding id of -1, or a cross_entropy label of -1 (torch decomposes nll_loss into
+# a gather), returned the last row or class and trained on it. Each rule below has the runtime raise where the
+# smallest index is negative (lower/checks.py); indices past the end make ONNX Runtime fail the run already.
+# (x[i], index_put, take and take_along_dim accept negative indices in ATen, and their decompositions wrap
+# them before any gather: their rules are left alone.)
 
 
 def _refuse_negative(index, api_name: str) -> None:
@@ -261,6 +259,10 @@ def _refuse_negative(index, api_name: str) -> None:
                             keepdims=0)
     smallest.dtype, smallest.shape = ir.DataType.INT64, ir.Shape([])
     runtime_check(smallest, CHECK_NEGATIVE_INDEX, api_name)
+
+
+def _is_empty(value) -> bool:
+    return value.shape is not None and any(d == 0 for d in value.shape)
 
 
 @project_rule(aten.embedding.default)
@@ -275,3 +277,208 @@ def aten_index_select(self, dim: int, index):
     """index_select(Tensor self, int dim, Tensor index) -> Tensor"""
     _refuse_negative(index, "index_select")
     return torchlib_core.aten_index_select(self, dim, index)
+
+
+@project_rule(aten.gather.default)
+def aten_gather(self, dim: int, index, sparse_grad: bool = False):
+    """gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor"""
+    if _is_empty(index):
+        # ATen accepts an empty index of any rank and integer dtype (GatherElements wants self's rank).
+        return op.CastLike(op.ConstantOfShape(op.Shape(index)), self)
+    _refuse_negative(index, "gather")
+    if len(self.shape) == 0:
+        return op.Expand(self, op.Shape(index))  # every index is 0 (a 0-d or one-element index)
+    scalar_index = len(index.shape) == 0
+    index = op.Cast(index, to=ir.DataType.INT64)
+    if scalar_index:
+        return op.Reshape(op.GatherElements(self, op.Reshape(index, op.Constant(value_ints=[1])), axis=dim),
+                          op.Constant(value_ints=[]))
+    return op.GatherElements(self, index, axis=dim)
+
+
+# The scatters: one ScatterElements, with what ONNX Runtime's CPU kernel lacks around it. It has no float16 or
+# bfloat16 add or mul, and no bool max or min: those reduce in float32 or int32 and cast back (max and min
+# exactly; a float16 sum is rounded once, where ATen rounds at each add). A 0-d self (whose index and source
+# are 0-d or one element) scatters as one element. amax and amin propagate NaN as ATen does, whatever order
+# ONNX Runtime visits the duplicates in. mean is a sum and a count.
+_ONNX_REDUCTION = {"sum": "add", "add": "add", "prod": "mul", "multiply": "mul", "amax": "max", "amin": "min",
+                   "mean": "add"}
+
+
+def _reduction_dtype(dtype: ir.DataType, reduction: str) -> ir.DataType:
+    if reduction == "none":
+        return dtype
+    if dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        return ir.DataType.FLOAT
+    if dtype == ir.DataType.BOOL:
+        return ir.DataType.INT32
+    return dtype
+
+
+def _identity(reduce: str, dtype: ir.DataType):
+    """The value that leaves ``reduce`` unchanged, in ``dtype``: what include_self=False puts in self first."""
+    if reduce in ("sum", "mean"):
+        value = 0
+    elif reduce == "prod":
+        value = 1
+    else:
+        numpy_dtype = dtype.numpy()
+        if np.issubdtype(numpy_dtype, np.floating):
+            value = -np.inf if reduce == "amax" else np.inf
+        else:
+            info = np.iinfo(numpy_dtype)
+            value = info.min if reduce == "amax" else info.max
+    return op.Constant(value=ir.tensor(np.asarray(value, dtype=dtype.numpy())))
+
+
+def _scatter(self, dim: int, index, src, reduce: str | None, api_name: str, include_self: bool = True):
+    """ATen's scatter (``reduce`` None) or scatter_reduce (sum, prod, mean, amax, amin)."""
+    if _is_empty(index):
+        return op.Identity(self)  # nothing to scatter; ATen accepts an empty index of any rank
+    _refuse_negative(index, api_name)
+    dtype = self.dtype
+    rank, scalar_index = len(self.shape), index.shape is not None and len(index.shape) == 0
+    index = op.Cast(index, to=ir.DataType.INT64)
+    if rank == 0 or scalar_index:  # one element scattered: everything as [1] (or [1, ..., 1] into self)
+        one = op.Constant(value_ints=[1] * max(rank, 1))
+        index, src = op.Reshape(index, one), op.Reshape(src, one)
+        if rank == 0:
+            self, dim = op.Reshape(self, one), 0
+    reduction = "none" if reduce is None else _ONNX_REDUCTION[reduce]
+    compute = _reduction_dtype(dtype, reduction)
+    if compute != dtype:
+        self, src = op.Cast(self, to=compute), op.Cast(src, to=compute)
+    else:
+        src = op.CastLike(src, self)
+    if reduce is None:
+        result = op.ScatterElements(self, index, src, axis=dim)
+    else:
+        ones = op.CastLike(op.ConstantOfShape(op.Shape(index), value=ir.tensor([1], dtype=ir.DataType.INT64)), self)
+        hits = None
+        if not include_self or reduce == "mean":
+            zeros = op.CastLike(op.ConstantOfShape(op.Shape(self)), self)
+            hits = op.ScatterElements(zeros, index, ones, axis=dim, reduction="add")
+        base = self
+        if not include_self:
+            base = op.Where(op.Greater(hits, op.CastLike(0, hits)), _identity(reduce, compute), self)
+        result = op.ScatterElements(base, index, src, axis=dim, reduction=reduction)
+        if reduce == "mean":
+            count = op.Add(hits, op.CastLike(1, hits)) if include_self else op.Max(hits, op.CastLike(1, hits))
+            result = _mean(result, count, compute in FLOATS)
+        if reduce in ("amax", "amin") and compute in FLOATS:
+            nan_src = op.CastLike(op.IsNaN(src), self)
+            nan_base = op.CastLike(op.IsNaN(base), self)
+            nans = op.ScatterElements(nan_base, index, nan_src, axis=dim, reduction="add")
+            nan = op.CastLike(op.Constant(value_float=float("nan")), self)
+            result = op.Where(op.Greater(nans, op.CastLike(0, nans)), nan, result)
+    if compute != dtype:
+        result = op.Cast(result, to=dtype)
+    if rank == 0:
+        result = op.Reshape(result, op.Constant(value_ints=[]))
+    return result
+
+
+@project_rule(aten.scatter.src)
+def aten_scatter_src(self, dim: int, index, src):
+    """scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor"""
+    return _scatter(self, dim, index, src, None, "scatter")
+
+
+@project_rule(aten.scatter.value)
+def aten_scatter_value(self, dim: int, index, value: float):
+    """scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor"""
+    return _scatter(self, dim, index, op.Expand(op.CastLike(value, self), op.Shape(index)), None, "scatter")
+
+
+@project_rule(aten.scatter.reduce)
+def aten_scatter_reduce_(self, dim: int, index, src, reduce: str):
+    """scatter.reduce(Tensor self, int dim, Tensor index, Tensor src, *, str reduce) -> Tensor"""
+    return _scatter(self, dim, index, src, reduce, "scatter")
+
+
+@project_rule(aten.scatter.value_reduce)
+def aten_scatter_value_reduce(self, dim: int, index, value: float, reduce: str):
+    """scatter.value_reduce(Tensor self, int dim, Tensor index, Scalar value, *, str reduce) -> Tensor"""
+    return _scatter(self, dim, index, op.Expand(op.CastLike(value, self), op.Shape(index)), reduce, "scatter")
+
+
+@project_rule(aten.scatter_add.default)
+def aten_scatter_add(self, dim: int, index, src):
+    """scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor"""
+    return _scatter(self, dim, index, src, "sum", "scatter_add")
+
+
+@project_rule(aten.scatter_reduce.two)
+def aten_scatter_reduce_two(self, dim: int, index, src, reduce: str, include_self: bool = True):
+    """scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor"""
+    return _scatter(self, dim, index, src, reduce, "scatter_reduce", include_self)
+
+
+def _index_scatter(self, dim: int, index, source, reduction: str, api_name: str, alpha: float = 1):
+    """index_add and index_copy: the slices of ``source`` along ``dim`` into those of ``self`` that ``index``
+    names, as one ScatterND on ``dim`` moved to the front. (Lowered whole rather than through torch's
+    decomposition, an index_put, which reads a negative index from the end where ATen refuses it.)"""
+    _refuse_negative(index, api_name)
+    dtype, rank = self.dtype, len(self.shape)
+    compute = _reduction_dtype(dtype, reduction)
+    if rank == 0:  # a 0-d self takes a one-element index and source
+        self, source = op.Reshape(self, op.Constant(value_ints=[1])), op.Reshape(source, op.Constant(value_ints=[1]))
+    elif source.shape is not None and len(source.shape) == 0:
+        source = op.Reshape(source, op.Constant(value_ints=[1] * rank))
+    dim %= max(rank, 1)
+    perm = [dim, *(d for d in range(rank) if d != dim)]
+    if dim:
+        self, source = op.Transpose(self, perm=perm), op.Transpose(source, perm=perm)
+    if compute != dtype:
+        self, source = op.Cast(self, to=compute), op.Cast(source, to=compute)
+    if alpha != 1:  # (bool: in int32, so a False alpha adds nothing)
+        source = op.Mul(source, op.CastLike(alpha, source))
+    positions = op.Reshape(op.Cast(index, to=ir.DataType.INT64), op.Constant(value_ints=[-1, 1]))
+    result = op.ScatterND(self, positions, op.CastLike(source, self), reduction=reduction)
+    if compute != dtype:
+        result = op.Cast(result, to=dtype)
+    if dim:
+        result = op.Transpose(result, perm=[int(d) for d in np.argsort(perm)])
+    if rank == 0:
+        result = op.Reshape(result, op.Constant(value_ints=[]))
+    return result
+
+
+@project_rule(aten.index_add.default)
+def aten_index_add(self, dim: int, index, source, alpha: float = 1):
+    """index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor"""
+    return _index_scatter(self, dim, index, source, "add", "index_add", alpha)
+
+
+@project_rule(aten.index_copy.default)
+def aten_index_copy(self, dim: int, index, source):
+    """index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor"""
+    return _index_scatter(self, dim, index, source, "none", "index_copy")
+
+
+def _index_fill(self, dim: int, index, value):
+    # ATen's index_fill reads a negative index from the end (torch's decomposition, an index_copy, would refuse
+    # it): wrapped here once, so an index below -size is still refused.
+    rank = len(self.shape)
+    dim %= max(rank, 1)
+    size = op.Shape(self, start=dim, end=dim + 1) if rank else op.Constant(value_ints=[1])
+    index = op.Reshape(op.Cast(index, to=ir.DataType.INT64), op.Constant(value_ints=[-1]))
+    index = _wrapped(index, size)
+    if rank:
+        shape = op.Concat(op.Shape(self, end=dim), op.Shape(index), op.Shape(self, start=dim + 1), axis=0)
+    else:
+        shape = op.Shape(index)
+    source = op.Expand(op.CastLike(value, self), shape)
+    return _index_scatter(self, dim, index, source, "none", "index_fill")
+
+
+@project_rule(aten.index_fill.int_Scalar)
+def aten_index_fill_int_scalar(self, dim: int, index, value: float):
+    """index_fill.int_Scalar(Tensor self, int dim, Tensor index, Scalar value) -> Tensor"""
+    return _index_fill(self, dim, index, value)
+
+
+@project_rule(aten.index_fill.int_Tensor)
+def aten_index_fill_int_tensor(self, dim: int, index, value):
+    """index_fill.int_Tensor(Tensor self, int dim, Tensor index, Tensor value) -> Tensor"""
+    return _index_fill(self, dim, index, value)
