@@ -725,3 +725,28 @@ def test_a_padding_id_of_minus_one_fails_the_training_step_as_in_eager():
         step(tokens, labels).backward()
     step(torch.tensor([[1, 2, 3], [4, 5, 6]]), labels).backward()  # valid batches train
     assert all(p.grad is not None for p in model.parameters())
+
+
+# An output that is a view of an input, taken with a symbolic argument (a size Dynamo made dynamic on the
+# second shape, with default options; a .item() under capture_scalar_outputs), is rebuilt by AOTAutograd with
+# as_strided from what the compiled graph returned. ONNX Runtime returns a copy at offset 0: the caller got
+# the view from the input's first element. Those view nodes now run in PyTorch.
+_VIEWS = {
+    "narrow by a dynamic size": lambda x, n: x.narrow(1, 1, x.shape[1] - 2),
+    "second half": lambda x, n: x[:, x.shape[1] // 2:],
+    "chunk": lambda x, n: x.chunk(2, dim=1)[1],
+    "slice at a tensor's value": lambda x, n: x[:, n.item():n.item() + 2],
+}
+
+
+@pytest.mark.parametrize("case", list(_VIEWS))
+@torch._dynamo.config.patch(capture_scalar_outputs=True)
+def test_views_of_inputs_with_runtime_sizes_are_eagers(case):
+    fn = _VIEWS[case]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot2onnx")
+    for rows, cols, n in ((4, 6, 1), (5, 8, 3), (6, 10, 2)):
+        x = torch.arange(float(rows * cols)).reshape(rows, cols)
+        out = compiled(x, torch.tensor(n))
+        torch.testing.assert_close(out, fn(x, torch.tensor(n)), rtol=0, atol=0)
+        assert out.data_ptr() == fn(x, torch.tensor(n)).data_ptr()  # a view of x, as in eager

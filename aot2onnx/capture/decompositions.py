@@ -71,13 +71,31 @@ def _mixed_norm_in_float32(op: torch._ops.OpOverload) -> Callable:
     return decomposition
 
 
+def _factor_transposed_like_aten(op: torch._ops.OpOverload) -> Callable:
+    """ATen's _linalg_det and _linalg_slogdet factor A^T, not A, when A is real and contiguous (LAPACK reads
+    column-major), and return that LU; the backward, traced with the same test, solves with it as A^T's
+    (linalg_lu_solve without adjoint). The lowering factors what it is given, so such a call is traced on
+    the transposed view, whose LU is eager's; ``A.mT`` is not contiguous, so that call is traced as it is.
+    Factoring A instead gave det's and slogdet's gradients A^-1 where eager's is A^-T."""
+
+    def decomposition(A: torch.Tensor) -> Any:
+        if A.is_complex() or A.shape[-1] <= 1 or not A.is_contiguous():
+            return NotImplemented
+        return op(A.mT)
+
+    return decomposition
+
+
 # Decomposed although they lower. aten.transpose.int -> permute: the min-cut partitioner knows permute as
 # a view (its list of views has permute and t, not transpose), so with ``recompute_views`` it saves a
 # transpose's input and transposes again in the backward graph, where ONNX Runtime folds the Transpose into
 # the MatMul that reads it, rather than having the forward graph write a transposed copy as an output.
 # Normalizations, only with a low-precision input beside float32 weights or statistics: see _mixed_norm_in_float32.
+# Determinants of a contiguous real matrix, traced on its transpose: see _factor_transposed_like_aten.
 _ALWAYS_DECOMPOSED: dict[torch._ops.OpOverload, Callable] = {
     torch.ops.aten.transpose.int: _transpose_as_permute,
+    torch.ops.aten._linalg_det.default: _factor_transposed_like_aten(torch.ops.aten._linalg_det.default),
+    torch.ops.aten._linalg_slogdet.default: _factor_transposed_like_aten(torch.ops.aten._linalg_slogdet.default),
     **{
         op: _mixed_norm_in_float32(op)
         for op in (

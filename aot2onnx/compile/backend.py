@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import operator
 import os
 import pathlib
 import time
@@ -213,6 +214,16 @@ def _compile_graph(graph: torch.fx.GraphModule, name: str, job: _Job) -> tuple[O
     where PyTorch refuses a node too.
     """
     options, start = job.options, time.perf_counter()
+    views = symbolic_input_views(graph)
+    if views:
+        refusal = LoweringError(
+            f"graph {name!r} returns a view of its input taken with sizes known only at run time; ONNX Runtime "
+            "returns a copy, from which AOTAutograd would rebuild the view at offset 0. The view runs in PyTorch:\n"
+            + "\n".join(f"    {node.format_node()}" for node in views)
+        )
+        if not options.fallback:
+            raise refusal
+        return _split(graph, name, job, refusal), None
     found = _lookup(graph, job)
     # Only whole lowerings are stored, so a hit needs neither the registry nor the check for unsupported ops.
     if found[1] is None and options.fallback and unsupported_targets(graph, default_registry(), options.opset):
@@ -224,6 +235,39 @@ def _compile_graph(graph: torch.fx.GraphModule, name: str, job: _Job) -> tuple[O
             raise
         _raise_torch_refusal(graph, e, blamed_nodes(graph, e))
         return _split(graph, name, job, e), None
+
+
+def symbolic_input_views(graph: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The view ops of ``graph`` that make an output aliasing an input with a symbolic argument
+    (``x.narrow(1, 1, x.shape[1] - 2)`` once Dynamo made the size dynamic, ``x[:, n.item():]``).
+
+    AOTAutograd hands the caller such an output as a view of the input, rebuilt from what the compiled graph
+    returned: by replaying the view where its arguments are plain numbers, else (``has_symbolic_inputs``) by
+    ``as_strided`` with the returned tensor's strides and storage offset. ONNX Runtime returns a fresh copy,
+    offset 0, so the rebuilt view started at the input's first element: other values than eager, silently.
+    These nodes run in PyTorch instead, which returns the real view."""
+    found: list[torch.fx.Node] = []
+    output = next(n for n in reversed(graph.graph.nodes) if n.op == "output")
+    for node in _flat_nodes(output.args):
+        chain, symbolic = [], False
+        while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.args:
+            if node.target is operator.getitem:  # one output of a view op with several (split, unbind)
+                node = node.args[0]
+            elif getattr(node.target, "is_view", False):
+                chain.append(node)
+                symbolic = symbolic or bool(_flat_nodes((node.args[1:], node.kwargs)))
+                node = node.args[0]
+            else:
+                break
+        if chain and symbolic and isinstance(node, torch.fx.Node) and node.op == "placeholder":
+            found.extend(n for n in chain if n not in found)
+    return found
+
+
+def _flat_nodes(args: Any) -> list[torch.fx.Node]:
+    nodes: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(args, nodes.append)
+    return nodes
 
 
 def _lookup(graph: torch.fx.GraphModule, job: _Job) -> tuple[str | None, CachedGraph | None]:

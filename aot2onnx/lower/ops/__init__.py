@@ -19,6 +19,7 @@ from aot2onnx.lower.ops import (  # noqa: F401
     pool,
     random,
     reductions,
+    resize,
     special,
     views,
 )

@@ -28,6 +28,16 @@ def aten_scalar_tensor(s, dtype: int = -1, layout: str = "", device: str = "", p
     return op.Constant(value=ir.tensor(np.array(s, dtype=data_type.numpy())))
 
 
+@project_rule(torch.ops.prims.scalar_tensor.default)
+def prims_scalar_tensor(s, dtype: int = -1, device: str = ""):
+    """scalar_tensor(Scalar s, *, ScalarType? dtype=None, Device? device=None) -> Tensor"""
+    # What torch's refs make of a Python scalar beside a tensor (copysign(x, -1.0)). Without a dtype the prim
+    # takes the scalar's own type: int64 for an int, bool for a bool, the default float dtype for a float.
+    if dtype == -1 and isinstance(s, (bool, int)) and not isinstance(s, float):
+        dtype = int(ir.DataType.BOOL if isinstance(s, bool) else ir.DataType.INT64)
+    return aten_scalar_tensor(s, dtype)
+
+
 @project_rule(aten.copy.default)
 def aten_copy(self, src, non_blocking: bool = False):
     """copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor"""
