@@ -248,26 +248,20 @@ def symbolic_input_views(graph: torch.fx.GraphModule) -> list[torch.fx.Node]:
     These nodes run in PyTorch instead, which returns the real view."""
     found: list[torch.fx.Node] = []
     output = next(n for n in reversed(graph.graph.nodes) if n.op == "output")
-    for node in _flat_nodes(output.args):
+    for node in output.all_input_nodes:
         chain, symbolic = [], False
         while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.args:
             if node.target is operator.getitem:  # one output of a view op with several (split, unbind)
                 node = node.args[0]
             elif getattr(node.target, "is_view", False):
                 chain.append(node)
-                symbolic = symbolic or bool(_flat_nodes((node.args[1:], node.kwargs)))
+                symbolic = symbolic or any(arg is not node.args[0] for arg in node.all_input_nodes)
                 node = node.args[0]
             else:
                 break
         if chain and symbolic and isinstance(node, torch.fx.Node) and node.op == "placeholder":
             found.extend(n for n in chain if n not in found)
     return found
-
-
-def _flat_nodes(args: Any) -> list[torch.fx.Node]:
-    nodes: list[torch.fx.Node] = []
-    torch.fx.node.map_arg(args, nodes.append)
-    return nodes
 
 
 def _lookup(graph: torch.fx.GraphModule, job: _Job) -> tuple[str | None, CachedGraph | None]:

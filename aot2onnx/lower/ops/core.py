@@ -33,7 +33,7 @@ def prims_scalar_tensor(s, dtype: int = -1, device: str = ""):
     """scalar_tensor(Scalar s, *, ScalarType? dtype=None, Device? device=None) -> Tensor"""
     # What torch's refs make of a Python scalar beside a tensor (copysign(x, -1.0)). Without a dtype the prim
     # takes the scalar's own type: int64 for an int, bool for a bool, the default float dtype for a float.
-    if dtype == -1 and isinstance(s, (bool, int)) and not isinstance(s, float):
+    if dtype == -1 and isinstance(s, int):  # bool is an int too
         dtype = int(ir.DataType.BOOL if isinstance(s, bool) else ir.DataType.INT64)
     return aten_scalar_tensor(s, dtype)
 
