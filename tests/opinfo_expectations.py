@@ -116,6 +116,11 @@ def _deterministic_dropout(sample) -> bool:
     return kwargs.get("p", 0.5) == 0 or not kwargs.get("training", True)
 
 
+def _without_dropout(sample):
+    sample.kwargs = {**sample.kwargs, "dropout_p": 0.0}
+    return sample
+
+
 _RANDOM = "random values: ONNX Runtime's generator is not torch's"
 _COMPLEX = (
     "complex tensors: ONNX has no complex type; lowered graphs carry them as real [..., 2] tensors and the "
@@ -163,6 +168,15 @@ ENTRIES: dict[str, Entry] = _table([
         # args[9] is dropout_p.
         values=lambda sample: sample.args[9] == 0 or not sample.kwargs.get("training", True),
     )),
+    # Attention dropout draws its mask from ONNX Runtime's generator: the samples run with dropout_p=0 here, and
+    # test_ops.test_attention_dropout_gradients_use_the_forwards_mask checks the dropout path against its own
+    # output. Two float32 gradient elements of about 1e-5 differ by 1.1e-5 (summation order).
+    ("nn.functional.scaled_dot_product_attention", entry(
+        wrangle=_without_dropout, grad_tol={torch.float32: (1e-4, 3e-5)},
+    )),
+    # Over a single normalized element, x - mean is 0 here and a rounding error of x in eager's kernel (4e-8 at
+    # x = 2.2), which rstd = 1/sqrt(eps) = 316 turns into a weight gradient of 1.4e-5 to 1.5e-4 where ours is 0.
+    *[(name, entry(grad_tol={torch.float32: (1e-4, 2e-4)})) for name in ("native_layer_norm", "nn.functional.layer_norm")],
     # --- Ops whose values ATen leaves unspecified.
     *[(name, entry(values=False)) for name in (
         "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",

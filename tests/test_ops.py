@@ -249,6 +249,38 @@ def test_scaled_dot_product_attention(mode):
         _check_fn(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask)
 
 
+def test_attention_dropout_gradients_use_the_forwards_mask():
+    # The mask is random, so eager's values cannot be compared; the gradients can be checked against the forward's
+    # own output. With V the identity, the output is the dropped, rescaled attention A = softmax(QK^T/sqrt(d)) *
+    # mask / (1 - p), so dV = A^T dY, and dQ, dK follow from the softmax's gradient through the same mask.
+    g = torch.Generator().manual_seed(0)
+    b, h, s, p = 2, 3, 6, 0.5
+    q, k = (torch.randn(b, h, s, s, generator=g, requires_grad=True) for _ in range(2))
+    v = torch.eye(s).expand(b, h, s, s).clone().requires_grad_(True)
+    y = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=p), backend="aot2onnx")(q, k, v)
+    dy = torch.randn(y.shape, generator=g)
+    dq, dk, dv = torch.autograd.grad(y, (q, k, v), dy)
+    a = y.detach()
+    assert 0.3 < (a == 0).float().mean() < 0.7
+    torch.testing.assert_close(dv, a.transpose(-1, -2) @ dy, rtol=1e-5, atol=1e-5)
+    attention = (q @ k.transpose(-1, -2) / s**0.5).detach().softmax(-1)
+    d_attention = dy * (a != 0) / (1 - p)
+    d_scores = attention * (d_attention - (d_attention * attention).sum(-1, keepdim=True))
+    torch.testing.assert_close(dq, d_scores @ k.detach() / s**0.5, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dk, d_scores.transpose(-1, -2) @ q.detach() / s**0.5, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("density", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_histogram_of_no_values_spans_zero_to_one(density, weighted):
+    # ATen and numpy take [0, 1] as the range of no values; the rule's ReduceMin/ReduceMax gave +-inf edges.
+    x = torch.zeros(5, 0, 5)
+    kwargs = {"weight": torch.ones(5, 0, 5)} if weighted else {}
+    fn = lambda x: torch.histogram(x, 4, density=density, **kwargs)  # noqa: E731
+    actual = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x)
+    torch.testing.assert_close(tuple(actual), tuple(fn(x)), equal_nan=True)
+
+
 def test_batch_norm_training_and_eval():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 3, 5, 5, generator=g)
@@ -436,7 +468,10 @@ def test_depthwise_weight_grad_keeps_nan_and_inf_where_eager_has_them():
 
 @pytest.mark.parametrize(
     "stride,padding,output_padding,groups,dilation",
-    [(1, 0, 0, 1, 1), (2, 1, 1, 1, 1), (2, 0, 0, 2, 1), (3, 2, 1, 2, 2)],
+    # The last three: output_padding at or past the stride (torch allows it below the dilation), with padding
+    # under and over it. ONNX Runtime's ConvTranspose fails the run there.
+    [(1, 0, 0, 1, 1), (2, 1, 1, 1, 1), (2, 0, 0, 2, 1), (3, 2, 1, 2, 2), (2, 1, 2, 1, 3), ((1, 2), (3, 0), (2, 3), 2, 4),
+     ((3, 2), (1, 2), (2, 3), 2, 4)],
 )
 def test_conv_transpose2d_backward(stride, padding, output_padding, groups, dilation):
     g = torch.Generator().manual_seed(0)
@@ -444,6 +479,15 @@ def test_conv_transpose2d_backward(stride, padding, output_padding, groups, dila
     w = torch.randn(4, 6 // groups, 3, 3, generator=g)
     b = torch.randn(6, generator=g)
     _check_fn(lambda x, w, b: F.conv_transpose2d(x, w, b, stride, padding, output_padding, groups, dilation), x, w, b)
+
+
+@pytest.mark.parametrize("spatial", [1, 3])
+def test_conv_transpose_output_padding_past_stride(spatial):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, *[5] * spatial, generator=g)
+    w = torch.randn(4, 3, *[2] * spatial, generator=g)
+    conv = F.conv_transpose1d if spatial == 1 else F.conv_transpose3d
+    _check_fn(lambda x, w: conv(x, w, None, 2, 1, 2, 1, 3), x, w)
 
 
 @pytest.mark.parametrize(
@@ -459,8 +503,18 @@ def test_avg_pool2d_backward(kernel, stride, padding, ceil_mode, count_include_p
 def test_avg_pool1d_and_3d_backward():
     g = torch.Generator().manual_seed(0)
     _check_fn(lambda x: F.avg_pool1d(x, 3, 2, 1, count_include_pad=False), torch.randn(2, 3, 11, generator=g))
-    # ceil_mode is left out in 3d: torch_lib's avg_pool3d forward sizes the output differently from torch then.
     _check_fn(lambda x: F.avg_pool3d(x, 2, 2, 1), torch.randn(1, 2, 5, 6, 7, generator=g))
+
+
+@pytest.mark.parametrize("ceil_mode,count_include_pad", [(False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("divisor", [2, -3])
+def test_avg_pool_divisor_override(ceil_mode, count_include_pad, divisor):
+    # torch_lib's avg_pool3d ignored divisor_override: the forward divided by the window size.
+    g = torch.Generator().manual_seed(0)
+    args = ((2, 3, 2), (1, 2, 2), (1, 1, 0), ceil_mode, count_include_pad, divisor)
+    _check_fn(lambda x: F.avg_pool3d(x, *args), torch.randn(2, 2, 5, 6, 7, generator=g))
+    _check_fn(lambda x: F.avg_pool2d(x, *[a[1:] if isinstance(a, tuple) else a for a in args]),
+              torch.randn(2, 2, 6, 7, generator=g))
 
 
 SPLITS = {

@@ -1,4 +1,4 @@
-"""Convolution backward."""
+"""Convolutions: the forward where ONNX Runtime needs help, and the backward."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
+from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
 from aot2onnx.lower.ops._common import static_dims
 from aot2onnx.lower.registry import project_rule
@@ -266,6 +267,35 @@ def _grad_weight_as_conv(grad_output, input, weight, stride, padding, dilation, 
     return op.Transpose(gw, perm=[1, 0, *range(2, 2 + spatial)])  # (Cout, Cin/g, *k)
 
 
+def _ints(values: Sequence[int], spatial: int) -> list[int]:
+    """aten allows one-element lists for every spatial dim."""
+    return [*values] * spatial if len(values) == 1 else list(values)
+
+
+@project_rule(aten.convolution.default)
+def aten_convolution(input, weight, bias=None, stride=(1,), padding=(0,), dilation=(1,), transposed=False,
+                     output_padding=(0,), groups=1):
+    """convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor"""
+    spatial = len(weight.shape) - 2
+    stride, padding, extra = (_ints(v, spatial) for v in (stride, padding, output_padding))
+    if not transposed or all(e < s for e, s in zip(extra, stride)):
+        return torchlib_core.aten_convolution(input, weight, bias, stride, padding, dilation, transposed,
+                                              output_padding, groups)
+    # torch allows output_padding up to max(stride, dilation) - 1; ONNX Runtime's ConvTranspose fails the run
+    # from output_padding == stride on (it derives the input size back from the output's). The unpadded
+    # transposed convolution, zero-extended where output_padding reaches past it, cut to
+    # [padding, size - padding + output_padding), is the same.
+    full = op.ConvTranspose(input, weight, strides=stride, dilations=_ints(dilation, spatial), group=groups)
+    grow = [max(0, e - p) for e, p in zip(extra, padding)]
+    full = op.Pad(full, op.Constant(value_ints=[0] * (spatial + 2) + [0, 0] + grow))
+    ends = [-(p - e) if p > e else np.iinfo(np.int64).max for e, p in zip(extra, padding)]
+    axes = list(range(2, 2 + spatial))
+    result = op.Slice(full, op.Constant(value_ints=padding), op.Constant(value_ints=ends), op.Constant(value_ints=axes))
+    if bias is None:
+        return result
+    return op.Add(result, op.Reshape(bias, op.Constant(value_ints=[-1] + [1] * spatial)))
+
+
 @project_rule(aten.convolution_backward.default)
 def aten_convolution_backward(
     grad_output,
@@ -282,19 +312,31 @@ def aten_convolution_backward(
 ):
     """convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"""
     spatial = len(weight.shape) - 2
-    # aten allows one-element lists for every spatial dim.
-    stride, padding, dilation = ([*v] * spatial if len(v) == 1 else list(v) for v in (stride, padding, dilation))
+    stride, padding, dilation = (_ints(v, spatial) for v in (stride, padding, dilation))
     grad_input = grad_weight = grad_bias = None
     if transposed:
         # y = conv_transpose(x, W) is the input gradient of conv(., W), so its gradients are the same
         # two pieces with roles swapped: dx = conv(dy, W), and dW is the weight gradient of a convolution
         # whose input is dy and whose output gradient is x. W's (C_in, C_out/groups, *k) layout is
-        # Conv's weight layout for that convolution. output_padding only adds rows no window reads.
+        # Conv's weight layout for that convolution.
+        dy = grad_output
+        if any(e >= s for e, s in zip(_ints(output_padding, spatial), stride)):
+            # output_padding of a stride or more (torch allows it below the dilation) gives that convolution
+            # one more window than x has positions. Its padded dy, cut after the last window x has, has
+            # exactly one window per position.
+            padded = op.Pad(dy, op.Constant(value_ints=[0, 0, *padding, 0, 0, *padding]))
+            kernel = (static_dims(weight) or [None] * (spatial + 2))[2:]
+            if None in kernel:
+                raise NotImplementedError("a transposed convolution's output_padding >= stride needs a static kernel")
+            reach = [d * (k - 1) + 1 for d, k in zip(dilation, kernel)]
+            last = op.Mul(op.Sub(op.Shape(input, start=2), op.Constant(value_ints=[1])), op.Constant(value_ints=stride))
+            dy = op.Slice(padded, op.Constant(value_ints=[0] * spatial), op.Add(last, op.Constant(value_ints=reach)),
+                          op.Constant(value_ints=list(range(2, 2 + spatial))))
+            padding = [0] * spatial
         if output_mask[0]:
-            grad_input = op.Conv(grad_output, weight, strides=stride, pads=list(padding) * 2,
-                                 dilations=dilation, group=groups)
+            grad_input = op.Conv(dy, weight, strides=stride, pads=list(padding) * 2, dilations=dilation, group=groups)
         if output_mask[1]:
-            grad_weight = _grad_weight(input, grad_output, weight, stride, padding, dilation, groups)
+            grad_weight = _grad_weight(input, dy, weight, stride, padding, dilation, groups)
     else:
         if output_mask[0]:
             grad_input = _grad_input(grad_output, input, weight, stride, padding, dilation, groups)

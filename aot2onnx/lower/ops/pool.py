@@ -262,18 +262,31 @@ def _pool_args(self, kernel_size, stride, padding):
     return spatial, kernel, stride, padding
 
 
-@project_rule(aten.avg_pool2d.default)
-def aten_avg_pool2d(self, kernel_size, stride=(), padding=(0, 0), ceil_mode=False, count_include_pad=True,
-                    divisor_override=None):
-    """avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor"""
-    # torch_lib's rule ignores divisor_override; rescale its result by default divisor / override.
-    pooled = torchlib_nn.aten_avg_pool2d(self, kernel_size, stride, padding, ceil_mode, count_include_pad)
+def _avg_pool(torchlib_rule, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    # torch_lib's rules ignore divisor_override; rescale their result by default divisor / override.
+    pooled = torchlib_rule(self, kernel_size, stride, padding, ceil_mode, count_include_pad)
     if not divisor_override:
         return pooled
     _, kernel, stride, padding = _pool_args(self, kernel_size, stride, padding)
     default = _avg_pool_divisor(self, kernel, stride, padding, ceil_mode, count_include_pad, None)
     scale = default / np.float32(divisor_override)
     return op.Mul(pooled, op.CastLike(op.Constant(value=ir.tensor(scale)), pooled))
+
+
+@project_rule(aten.avg_pool2d.default)
+def aten_avg_pool2d(self, kernel_size, stride=(), padding=(0, 0), ceil_mode=False, count_include_pad=True,
+                    divisor_override=None):
+    """avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor"""
+    return _avg_pool(torchlib_nn.aten_avg_pool2d, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override)
+
+
+@project_rule(aten.avg_pool3d.default)
+def aten_avg_pool3d(self, kernel_size, stride=(), padding=(0, 0, 0), ceil_mode=False, count_include_pad=True,
+                    divisor_override=None):
+    """avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor"""
+    return _avg_pool(torchlib_nn.aten_avg_pool3d, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override)
 
 
 def _avg_pool_backward(

@@ -479,6 +479,10 @@ def aten_histogram_bin_ct(self, bins: int = 100, range: Sequence[float] | None =
         left, right = op.CastLike(float(range[0]), x), op.CastLike(float(range[1]), x)
     else:
         left, right = op.ReduceMin(x, keepdims=0), op.ReduceMax(x, keepdims=0)
+        # No values: the range is [0, 1], as numpy and ATen take it (ReduceMin's identity is +inf).
+        empty = op.Equal(op.Size(x), op.Constant(value_int=0))
+        left = op.Where(empty, op.CastLike(0.0, x), left)
+        right = op.Where(empty, op.CastLike(1.0, x), right)
     # An empty range is widened by 0.5 on each side, as numpy and ATen do.
     same = op.Equal(left, right)
     half = op.CastLike(0.5, x)
