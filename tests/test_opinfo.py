@@ -344,8 +344,13 @@ def _run_sample(opinfo: Any, sample: Any, dtype: torch.dtype, opset: int, entry:
         forward = [g for g in graphs if g.kind in ("forward", "inference")]
         result.fwd_no_compute = bool(forward) and all(g.session is None for g in forward)
         compare_values = entry.values(sample) if callable(entry.values) else entry.values
-        result.values_compared = compare_values
-        differs = _compare((actual, compiled_in), (expected, eager_in), dtype, entry, grad=False, compare_values=compare_values)
+        result.values_compared = bool(compare_values)
+        if compare_values == "processed":
+            process = sample.output_process_fn_grad
+            differs = _compare((process(actual), compiled_in), (process(expected), eager_in), dtype, entry, grad=False)
+        else:
+            differs = _compare((actual, compiled_in), (expected, eager_in), dtype, entry, grad=False,
+                               compare_values=compare_values)
         if not forward or not (result.fwd_no_compute or any(g.runs for g in forward)):
             result.fwd = Check("eager", "no graph reached ONNX Runtime")
         elif differs:

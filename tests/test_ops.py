@@ -281,6 +281,42 @@ def test_histogram_of_no_values_spans_zero_to_one(density, weighted):
     torch.testing.assert_close(tuple(actual), tuple(fn(x)), equal_nan=True)
 
 
+@pytest.mark.parametrize("descending", [False, True])
+def test_stable_sort_keeps_equal_values_in_order(descending):
+    # aten.sort.stable had no lowering (argsort(stable=True) ran in PyTorch). Few distinct values: many ties.
+    x = torch.randint(0, 4, (3, 300), generator=torch.Generator().manual_seed(0)).float()
+    x[0, 5] = float("nan")
+    fn = lambda x: (torch.sort(x, dim=-1, descending=descending, stable=True),  # noqa: E731
+                    torch.argsort(x, dim=0, descending=descending, stable=True))
+    actual = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x)
+    torch.testing.assert_close(actual, fn(x), rtol=0, atol=0, equal_nan=True)
+
+
+def test_squeeze_of_a_dimension_other_than_one_is_a_no_op():
+    # ONNX's Squeeze refuses a size other than 1, where ATen leaves the dimension: the session failed to load.
+    x = torch.randn(5, 1, 4, 1)
+    fn = lambda x: (x.squeeze(2) * 2, x.squeeze((0, 1, 3)) + 1, x.squeeze(-2).sum(), x[0, 0].squeeze(0))  # noqa: E731
+    torch.testing.assert_close(torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x), fn(x))
+
+
+@pytest.mark.parametrize("case", ["patches", "overlapping", "frames"])
+def test_unfold_backward(case):
+    # unfold's backward scatters with int32 indices, which ONNX's ScatterND refuses: the session failed to load.
+    g = torch.Generator().manual_seed(0)
+    fn, shape = {
+        "patches": (lambda x: x.unfold(2, 4, 4).unfold(3, 4, 4).sum((-1, -2)) ** 2, (2, 3, 8, 8)),
+        "overlapping": (lambda x: torch.unfold_copy(x, 1, 3, 1) * 2, (5, 5, 5, 5)),
+        "frames": (lambda x: x.unfold(-1, 4, 2).pow(2).mean(-1), (3, 17)),
+    }[case]
+    x = torch.randn(shape, generator=g)
+    xe, xc = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    compiled = torch.compile(fn, backend=aot2onnx.backend(fallback=False))
+    ye, yc = fn(xe), compiled(xc)
+    torch.testing.assert_close(yc, ye)
+    dy = torch.randn(ye.shape, generator=g)
+    torch.testing.assert_close(torch.autograd.grad(yc, xc, dy), torch.autograd.grad(ye, xe, dy))
+
+
 def test_batch_norm_training_and_eval():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 3, 5, 5, generator=g)

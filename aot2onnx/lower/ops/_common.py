@@ -34,6 +34,13 @@ def flat(x: ir.Value) -> ir.Value:
     return flattened
 
 
+def cast(x: ir.Value, dtype: ir.DataType) -> ir.Value:
+    """``x`` cast to ``dtype``, with its dtype and shape known to later rules (torch_lib's read both)."""
+    result = op.Cast(x, to=dtype)
+    result.dtype, result.shape = dtype, x.shape
+    return result
+
+
 def float64_constant(value) -> ir.Value:
     """A float64 Constant of ``value`` (a number or an array): exact for any float32 or float64 number."""
     return op.Constant(value=ir.tensor(np.asarray(value, dtype=np.float64)))

@@ -9,7 +9,7 @@ from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
 from aot2onnx.lower.checks import CHECK_NEGATIVE_INDEX, runtime_check
-from aot2onnx.lower.ops._common import FLOATS, flat
+from aot2onnx.lower.ops._common import FLOATS, cast, flat
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -442,6 +442,25 @@ def _index_scatter(self, dim: int, index, source, reduction: str, api_name: str,
     if rank == 0:
         result = op.Reshape(result, op.Constant(value_ints=[]))
     return result
+
+
+def _index_put(self, indices, values, accumulate: bool):
+    # ONNX's ScatterND takes int64 indices only; ATen takes int32 too (unfold's backward makes them).
+    indices = [i if i is None or i.dtype in (ir.DataType.INT64, ir.DataType.BOOL) else cast(i, ir.DataType.INT64)
+               for i in indices]
+    return torchlib_core.aten_index_put(self, indices, values, accumulate)
+
+
+@project_rule(aten.index_put.default)
+def aten_index_put(self, indices, values, accumulate: bool = False):
+    """index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor"""
+    return _index_put(self, indices, values, accumulate)
+
+
+@project_rule(aten._unsafe_index_put.default)
+def aten__unsafe_index_put(self, indices, values, accumulate: bool = False):
+    """_unsafe_index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor"""
+    return _index_put(self, indices, values, accumulate)
 
 
 @project_rule(aten.index_add.default)

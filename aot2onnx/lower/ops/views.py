@@ -1,4 +1,8 @@
-"""Scatter into a strided view: what AOTAutograd emits for a mutated input that aliases another input.
+"""View ops: squeeze, and the scatters into a strided view.
+
+``squeeze(dim)`` leaves a dimension whose size is not 1 in place (ONNX's Squeeze refuses it).
+
+Scatter into a strided view is what AOTAutograd emits for a mutated input that aliases another input.
 
 When two inputs share storage (a synthetic base), AOTAutograd's functionalized graph writes a mutation back
 with ``as_strided_scatter(base, src, size, stride, offset)``. ONNX values have no storage, but a contiguous
@@ -82,3 +86,24 @@ def aten_slice_scatter(self, src, dim: int = 0, start=None, end=None, step=1):
     start, stop, _ = slice(start, end).indices(length)
     stop = max(stop, start)
     return _around(self, src, dim, start, stop, length)
+
+
+def _squeeze(self, dims: Sequence[int]):
+    rank = len(self.shape)
+    if rank == 0:
+        return op.Identity(self)
+    # Dynamo specializes sizes 0 and 1, so a symbolic size is never 1: only a static 1 is squeezed.
+    ones = sorted({d % rank for d in dims if static_dim(self, d % rank) == 1})
+    return op.Squeeze(self, op.Constant(value_ints=ones)) if ones else op.Identity(self)
+
+
+@project_rule(aten.squeeze.dim)
+def aten_squeeze_dim(self, dim: int):
+    """squeeze.dim(Tensor(a) self, int dim) -> Tensor(a)"""
+    return _squeeze(self, [dim])
+
+
+@project_rule(aten.squeeze.dims)
+def aten_squeeze_dims(self, dim: Sequence[int]):
+    """squeeze.dims(Tensor(a) self, int[] dim) -> Tensor(a)"""
+    return _squeeze(self, dim)
