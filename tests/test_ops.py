@@ -317,6 +317,19 @@ def test_unfold_backward(case):
     torch.testing.assert_close(torch.autograd.grad(yc, xc, dy), torch.autograd.grad(ye, xe, dy))
 
 
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_with_a_sorter(batched, right):
+    # The rule lost the sequence's rank after gathering it through the sorter, and failed to lower.
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randn(3, 10, generator=g).round(decimals=1)
+    values = torch.cat([seq[:, :2], torch.randn(3, 4, generator=g)], 1)
+    if not batched:
+        seq, values = seq[0], values[0]
+    fn = lambda s, v: torch.searchsorted(s, v, sorter=s.argsort(-1), right=right)  # noqa: E731
+    assert torch.equal(torch.compile(fn, backend=aot2onnx.backend(fallback=False))(seq, values), fn(seq, values))
+
+
 def test_batch_norm_training_and_eval():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 3, 5, 5, generator=g)

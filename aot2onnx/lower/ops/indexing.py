@@ -90,9 +90,10 @@ def aten_index_reduce(self, dim: int, index, source, reduce: str, include_self: 
 
 def _searchsorted(sorted_sequence, values, out_int32: bool, right: bool, side: str | None, sorter, scalar: bool):
     right = right or side == "right"
+    rank = len(sorted_sequence.shape)
     if sorter is not None:
         sorted_sequence = op.GatherElements(sorted_sequence, sorter, axis=-1)
-    if len(sorted_sequence.shape) == 1 or scalar:
+    if rank == 1 or scalar:
         boundaries = sorted_sequence  # [n] broadcasts against values[..., None]
     else:
         boundaries = op.Unsqueeze(sorted_sequence, op.Constant(value_ints=[-2]))  # [..., 1, n]
