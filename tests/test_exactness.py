@@ -71,6 +71,19 @@ def test_multiplier_near_one(op, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_python_floats_keep_the_tensors_precision(dtype):
+    # A margin or an exponent that float32 cannot hold: torch_lib made them float32 constants in fill
+    # (hinge_embedding_loss's margin - x) and in vector_norm's Pow (ord and 1/ord), 2e-7 off in double.
+    margin, ord_ = 8.396163642458497, 2.718281828459045
+    x = torch.tensor([[-1.25, 0.5, 3.0], [7.75, -0.125, 2.0]])
+    target = torch.tensor([[1.0, -1.0, -1.0], [-1.0, 1.0, -1.0]])
+    _check(lambda x: F.hinge_embedding_loss(x, target, margin=margin, reduction="none"), x, dtype=dtype)
+    _check(lambda x: torch.full_like(x, margin).fill_(margin / 3) * x, x, dtype=dtype)
+    _check(lambda x: (torch.linalg.vector_norm(x, ord_), torch.linalg.vector_norm(x, -ord_, dim=1, keepdim=True),
+                      torch.linalg.vector_norm(x, 3, dim=(0, 1))), x, dtype=dtype, tol=ROUNDING[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_accumulating_index_put_over_every_row(dtype):
     # onnxscript's rule took a ScatterND whose indices cover every row for its updates, whatever its
     # reduction: index_put(accumulate=True) and index_add returned the updates alone.

@@ -38,6 +38,18 @@ def prims_scalar_tensor(s, dtype: int = -1, device: str = ""):
     return aten_scalar_tensor(s, dtype)
 
 
+@project_rule(aten.fill.Scalar)
+def aten_fill_scalar(self, value):
+    """fill.Scalar(Tensor self, Scalar value) -> Tensor"""
+    # torch_lib types the value apart from self, so a Python float became a float32 constant cast to self's
+    # dtype: a double tensor filled with 8.396163642458497 held 8.396163940429688 (hinge_embedding_loss's
+    # margin reaches ONNX this way). The constant is made in self's dtype, rounded once as ATen does.
+    if not isinstance(value, numbers.Number) or isinstance(value, complex) or self.dtype is None:
+        return torchlib_core.aten_fill(self, value)
+    constant = op.Constant(value=ir.tensor(np.array(value, dtype=self.dtype.numpy())))
+    return op.Expand(constant, op.Shape(self))
+
+
 @project_rule(aten.copy.default)
 def aten_copy(self, src, non_blocking: bool = False):
     """copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor"""
