@@ -330,6 +330,18 @@ def test_searchsorted_with_a_sorter(batched, right):
     assert torch.equal(torch.compile(fn, backend=aot2onnx.backend(fallback=False))(seq, values), fn(seq, values))
 
 
+def test_dropout_of_everything_is_eagers():
+    # p=1 is deterministic: ATen scales by 0 (NaN and inf stay NaN). ONNX Runtime's Dropout refuses the ratio.
+    x = torch.tensor([[float("nan"), float("inf"), 1.0, -2.0]]).repeat(3, 1)
+    fn = lambda x: F.dropout(x, 1.0, training=True) * 2 + x.detach()  # noqa: E731
+    xe, xc = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ye, yc = fn(xe), torch.compile(fn, backend=aot2onnx.backend(fallback=False))(xc)
+    torch.testing.assert_close(yc, ye, rtol=0, atol=0, equal_nan=True)
+    ye.sum().backward()
+    yc.sum().backward()
+    torch.testing.assert_close(xc.grad, xe.grad, rtol=0, atol=0)
+
+
 def test_batch_norm_training_and_eval():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 3, 5, 5, generator=g)

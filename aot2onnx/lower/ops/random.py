@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
+from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
 from aot2onnx.lower.registry import project_rule
 
@@ -42,3 +43,14 @@ def aten_rrelu_with_noise_functional(self, noise, lower: float = 0.125, upper: f
     slopes = op.RandomUniformLike(self, low=float(lower), high=float(upper))
     noise_out = op.Where(negative, op.CastLike(slopes, self), op.CastLike(1.0, self))
     return op.Mul(self, noise_out), noise_out
+
+
+@project_rule(aten.native_dropout.default)
+def aten_native_dropout(input, p: float, train: bool | None = True):
+    """native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)"""
+    if train and p == 1:
+        # ONNX Runtime's Dropout refuses a ratio of 1 (the run failed); ATen drops everything and scales by 0,
+        # so NaN and inf stay NaN.
+        mask = op.Expand(op.Constant(value=ir.tensor(False)), op.Shape(input))
+        return op.Mul(input, op.CastLike(op.Constant(value_float=0.0), input)), mask
+    return torchlib_core.aten_native_dropout(input, p, train)
