@@ -518,7 +518,8 @@ def aten_histogram_bin_ct(self, bins: int = 100, range: Sequence[float] | None =
     """histogram.bin_ct(Tensor self, int bins=100, *, float[]? range=None, Tensor? weight=None, bool density=False) -> (Tensor hist, Tensor bin_edges)"""
     x = op.Reshape(self, op.Constant(value_ints=[-1]))
     if range:
-        left, right = op.CastLike(float(range[0]), x), op.CastLike(float(range[1]), x)
+        # float64 constants: a float32 one rounds the bounds of a double histogram (0.1 to 0.10000000149).
+        left, right = op.CastLike(float64_constant(range[0]), x), op.CastLike(float64_constant(range[1]), x)
     else:
         left, right = op.ReduceMin(x, keepdims=0), op.ReduceMax(x, keepdims=0)
         # No values: the range is [0, 1], as numpy and ATen take it (ReduceMin's identity is +inf).
@@ -530,7 +531,11 @@ def aten_histogram_bin_ct(self, bins: int = 100, range: Sequence[float] | None =
     half = op.CastLike(0.5, x)
     left, right = op.Where(same, op.Sub(left, half), left), op.Where(same, op.Add(right, half), right)
     steps = op.CastLike(op.Range(op.Constant(value_int=0), op.Constant(value_int=bins + 1), op.Constant(value_int=1)), x)
-    edges = op.Add(left, op.Mul(op.Sub(right, left), op.Div(steps, op.CastLike(float(bins), x))))
+    # The edges as ATen's linspace makes them: from the left up to halfway, from the right after it. One ulp
+    # apart moves a value that lies on an edge into the other bin.
+    step = op.Div(op.Sub(right, left), op.CastLike(float(bins), x))
+    from_right = op.Sub(right, op.Mul(step, op.Sub(op.CastLike(float(bins), x), steps)))
+    edges = op.Where(op.Less(steps, op.CastLike(float((bins + 1) // 2), x)), op.Add(left, op.Mul(step, steps)), from_right)
     # ATen's bin: (x - left) / (right - left) * bins, moved by one where it lands across an edge; the right
     # edge belongs to the last bin; values outside [left, right] are not counted.
     position = op.Cast(op.Floor(op.Mul(op.Div(op.Sub(x, left), op.Sub(right, left)), op.CastLike(float(bins), x))),
