@@ -342,14 +342,54 @@ def test_dropout_of_everything_is_eagers():
     torch.testing.assert_close(xc.grad, xe.grad, rtol=0, atol=0)
 
 
-def test_histogram_edges_are_atens_linspace():
-    # Values on the edges fall into the bin eager's edges give them. The edges were left + width * i / bins,
-    # one ulp off ATen's linspace (which counts from the right past halfway): 0.7 went to bin 2 of 4 over
-    # [0.1, 0.9] in double. Some other ranges still differ from ATen by an ulp at an edge (10 of 48 probed).
-    x = torch.tensor([0.1, 0.3, 0.5, 0.7, 0.9, 0.2, 0.6], dtype=torch.float64)
-    fn = lambda x: torch.histogram(x, 4, range=(0.1, 0.9))  # noqa: E731
-    actual = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x)
-    torch.testing.assert_close(tuple(actual), tuple(fn(x)), rtol=0, atol=0)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("given_range", [False, True])
+def test_histogram_edges_are_atens_linspace(dtype, given_range):
+    # Values on the edges fall into the bin eager's edges give them. ATen's linspace edges are fma(step, k, left)
+    # up to halfway and fma(-step, bins - k, right) after it; edges an ulp off moved values lying on them into
+    # the neighbouring bin (0.7 went to bin 2 of 4 over [0.1, 0.9] in double).
+    g = torch.Generator().manual_seed(0)
+    for bins, (lo, hi) in [(4, (0.1, 0.9)), (7, (-1.3, 2.7)), (10, (0.0, 1.0)), (3, (-1.3, 2.7)), (17, (-3.7, 0.3)),
+                           (100, (1e-3, 7.77))]:
+        x = torch.cat([torch.linspace(lo, hi, bins + 1, dtype=dtype), torch.rand(50, generator=g, dtype=dtype)])
+        fn = lambda x: torch.histogram(x, bins, range=(lo, hi) if given_range else None)  # noqa: B023, E731
+        torch._dynamo.reset()
+        actual = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x)
+        torch.testing.assert_close(tuple(actual), tuple(fn(x)), rtol=0, atol=0, msg=lambda m: f"{bins} {lo} {hi}: {m}")  # noqa: B023
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32, None])
+def test_linspace_is_atens_bit_for_bit(dtype):
+    # ATen computes each value as one fma; torch_lib's rule (and torch's decomposition) round twice, an ulp off
+    # at most steps.
+    for start, end, steps in [(-9.19, 10.12, 217), (0.1, 0.9, 5), (1e-3, 7.77, 101), (3.7, -12.2, 7), (2.5, 1.0, 2),
+                              (0.3, 5.0, 1), (0.3, 5.0, 0), (-1, 1, 64)]:
+        fn = lambda x: torch.linspace(start, end, steps, dtype=dtype) + x  # noqa: B023, E731
+        torch._dynamo.reset()
+        x = torch.zeros((), dtype=dtype or torch.float32)
+        actual = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x)
+        torch.testing.assert_close(actual, fn(x), rtol=0, atol=0, msg=lambda m: f"{start} {end} {steps}: {m}")  # noqa: B023
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("given_range", [False, True])
+def test_histc_counts_as_aten(dtype, given_range):
+    # ATen's histc bins each value by int((x - min) * bins / (max - min)) alone; torch_lib's rule compared
+    # values with rounded edges (some values next to an edge went to the other bin) and refused min == max
+    # (the default, the values' own range), which ran in PyTorch.
+    g = torch.Generator().manual_seed(0)
+    for bins, (lo, hi) in [(4, (0.1, 0.9)), (7, (-1.3, 2.7)), (17, (-3.7, 0.3)), (100, (1e-3, 7.77)), (9, (-41.2, -40.9))]:
+        edges = torch.linspace(lo, hi, bins + 1, dtype=dtype)
+        x = torch.cat([edges, edges.nextafter(edges + 1), edges.nextafter(edges - 1),
+                       torch.rand(50, generator=g, dtype=dtype) * (hi - lo) * 1.2 + lo - 0.1 * (hi - lo)])
+        fn = lambda x: torch.histc(x, bins, *((lo, hi) if given_range else (0, 0)))  # noqa: B023, E731
+        torch._dynamo.reset()
+        actual = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x)
+        torch.testing.assert_close(actual, fn(x), rtol=0, atol=0, msg=lambda m: f"{bins} {lo} {hi}: {m}")  # noqa: B023
+    for x in (torch.full((5,), 2.0, dtype=dtype), torch.zeros(0, dtype=dtype)):  # no range: widened by 1
+        fn = lambda x: (torch.histc(x, 4, 3, 3), torch.histc(x, 3))  # noqa: E731
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x), fn(x), rtol=0, atol=0)
 
 
 def test_batch_norm_training_and_eval():

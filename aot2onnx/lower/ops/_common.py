@@ -9,7 +9,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript import opset18 as op
 
-__all__ = ["FLOATS", "flat", "float64_constant", "planes", "scatter_add_to_planes", "static_dim", "static_dims"]
+__all__ = ["FLOATS", "flat", "float64_constant", "linspace", "planes", "scatter_add_to_planes", "static_dim", "static_dims"]
 
 FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
@@ -44,6 +44,34 @@ def cast(x: ir.Value, dtype: ir.DataType) -> ir.Value:
 def float64_constant(value) -> ir.Value:
     """A float64 Constant of ``value`` (a number or an array): exact for any float32 or float64 number."""
     return op.Constant(value=ir.tensor(np.asarray(value, dtype=np.float64)))
+
+
+def linspace(start: ir.Value, end: ir.Value, step: ir.Value, steps: int) -> ir.Value:
+    """ATen's CPU linspace of ``steps`` (at least 2) values from ``start`` to ``end``, 0-d values of one dtype,
+    bit for bit, in double: value k is fma(step, k, start) before halfway and fma(-step, steps - 1 - k, end)
+    from there (ATen's kernels are built with FMA contraction). ``step`` is the caller's, in the dtype ATen
+    computes it in. An ulp off moves a value lying on a histogram edge into the next bin.
+
+    ONNX has no fused multiply-add: it is done in double with Dekker's exact product (steps <= 2^26) and
+    Knuth's exact sum, whose errors are added before the last rounding. That differs from the fma only where
+    the exact value lies within about 2^-100 of a rounding midpoint (for a float32 result, which rounds again,
+    only where a bound is over 2^29 steps from zero)."""
+    double = ir.DataType.DOUBLE
+    k = op.Cast(op.Range(op.Constant(value_int=0), op.Constant(value_int=steps), op.Constant(value_int=1)), to=double)
+    before_halfway = op.Less(k, float64_constant(float(steps // 2)))
+    base = op.Cast(op.Where(before_halfway, op.Expand(start, op.Shape(k)), op.Expand(end, op.Shape(k))), to=double)
+    a = op.Cast(op.Where(before_halfway, step, op.Neg(step)), to=double)
+    n = op.Where(before_halfway, k, op.Sub(float64_constant(float(steps - 1)), k))
+    # a * n exactly, as product + error: a split in two 26-bit halves whose products with n (< 2^26) are exact.
+    spread = op.Mul(a, float64_constant(134217729.0))
+    a_high = op.Sub(spread, op.Sub(spread, a))
+    product = op.Mul(a, n)
+    product_error = op.Add(op.Sub(op.Mul(a_high, n), product), op.Mul(op.Sub(a, a_high), n))
+    # base + product exactly, as sum + error.
+    total = op.Add(base, product)
+    back = op.Sub(total, base)
+    sum_error = op.Add(op.Sub(base, op.Sub(total, back)), op.Sub(product, back))
+    return op.Add(total, op.Add(sum_error, product_error))
 
 
 def planes(x: ir.Value, spatial: int) -> ir.Value:

@@ -10,7 +10,7 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
-from aot2onnx.lower.ops._common import static_dim
+from aot2onnx.lower.ops._common import linspace, static_dim
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -36,6 +36,26 @@ def prims_scalar_tensor(s, dtype: int = -1, device: str = ""):
     if dtype == -1 and isinstance(s, int):  # bool is an int too
         dtype = int(ir.DataType.BOOL if isinstance(s, bool) else ir.DataType.INT64)
     return aten_scalar_tensor(s, dtype)
+
+
+@project_rule(aten.linspace.default)
+def aten_linspace(start, end, steps: int, dtype: int = -1, layout: str = "", device: str = "",
+                  pin_memory: bool = False):
+    """linspace(Scalar start, Scalar end, int steps, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
+    # ATen's values bit for bit (torch_lib's, like torch's own decomposition, are an ulp off at most steps):
+    # the step in the dtype (in double for integers, whose bounds are truncated first), each value an fma.
+    data_type = ir.DataType.FLOAT if dtype in (-1, None) else ir.DataType(dtype)
+    exact = data_type in (ir.DataType.FLOAT, ir.DataType.DOUBLE) or data_type.is_integer()
+    if not exact or not all(isinstance(v, numbers.Real) for v in (start, end)) or steps < 2:
+        return torchlib_core.aten_linspace(start, end, steps, dtype, layout, device, pin_memory)
+    if data_type.is_integer():
+        start, end, step_type = int(start), int(end), np.float64
+    else:
+        step_type = data_type.numpy().type
+    first, last = step_type(start), step_type(end)
+    step = step_type((last - first) / step_type(steps - 1))
+    constant = lambda v: op.Constant(value=ir.tensor(np.asarray(v, dtype=step_type)))  # noqa: E731
+    return op.Cast(linspace(constant(first), constant(last), constant(step), steps), to=data_type)
 
 
 @project_rule(aten.fill.Scalar)

@@ -21,7 +21,7 @@ from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 from onnxscript.function_libs.torch_lib.ops import linalg as torchlib_linalg
 from onnxscript.function_libs.torch_lib.ops import prims as torchlib_prims
 
-from aot2onnx.lower.ops._common import cast, float64_constant
+from aot2onnx.lower.ops._common import cast, float64_constant, linspace
 from aot2onnx.lower.registry import project_rule
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -512,6 +512,45 @@ def _histogram_counts(x, position, edges, bins: int, weight, density: bool):
     return hist
 
 
+def _linear_bin(x, left, right, bins: int, dtype: ir.DataType | None):
+    """ATen's first guess at the bin of each value of x in [left, right] (0-d, x's dtype) split in ``bins``
+    equal bins: int64((x - left) * bins / (right - left)), each step rounded to x's dtype (float16 and
+    bfloat16 too, as c10::Half's operators do), the right edge in the last bin. Only valid for x in
+    [left, right]."""
+    count = op.CastLike(float(bins), x)
+    if dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        x, left, right, count = (op.Cast(v, to=ir.DataType.FLOAT) for v in (x, left, right, count))
+        rounded = lambda v: op.Cast(op.Cast(v, to=dtype), to=ir.DataType.FLOAT)  # noqa: E731
+    else:
+        rounded = lambda v: v  # noqa: E731
+    scaled = rounded(op.Mul(rounded(op.Sub(x, left)), count))
+    position = op.Cast(rounded(op.Div(scaled, rounded(op.Sub(right, left)))), to=ir.DataType.INT64)
+    return op.Min(op.Max(position, op.Constant(value_int=0)), op.Constant(value_int=bins - 1))
+
+
+@project_rule(aten.histc.default)
+def aten_histc(self, bins: int = 100, min: float = 0, max: float = 0):
+    """histc(Tensor self, int bins=100, Scalar min=0, Scalar max=0) -> Tensor"""
+    # As ATen counts: each value's bin from _linear_bin alone (no look at the edges, unlike histogram), over
+    # [min, max], or the values' own range where min == max (the default), widened by 1 each side where that
+    # is empty. torch_lib's rule compares values with edges, which puts some values lying near an edge in the
+    # other bin, and refuses min == max.
+    x = op.Reshape(self, op.Constant(value_ints=[-1]))
+    double = ir.DataType.DOUBLE
+    left, right = float64_constant(float(min)), float64_constant(float(max))
+    if min == max:
+        some = op.Greater(op.Size(x), op.Constant(value_int=0))
+        left = op.Where(some, op.Cast(op.ReduceMin(x, keepdims=0), to=double), left)
+        right = op.Where(some, op.Cast(op.ReduceMax(x, keepdims=0), to=double), right)
+        same = op.Equal(left, right)
+        left = op.Where(same, op.Sub(left, float64_constant(1.0)), left)
+        right = op.Where(same, op.Add(right, float64_constant(1.0)), right)
+    left, right = op.CastLike(left, x), op.CastLike(right, x)
+    inside = op.And(op.GreaterOrEqual(x, left), op.LessOrEqual(x, right))
+    position = op.Where(inside, _linear_bin(x, left, right, bins, self.dtype), op.Constant(value_int=bins))
+    return _histogram_counts(x, position, None, bins, None, False)
+
+
 @project_rule(aten.histogram.bin_ct)
 def aten_histogram_bin_ct(self, bins: int = 100, range: Sequence[float] | None = None, weight=None,
                           density: bool = False):
@@ -526,21 +565,15 @@ def aten_histogram_bin_ct(self, bins: int = 100, range: Sequence[float] | None =
         empty = op.Equal(op.Size(x), op.Constant(value_int=0))
         left = op.Where(empty, op.CastLike(0.0, x), left)
         right = op.Where(empty, op.CastLike(1.0, x), right)
-    # An empty range is widened by 0.5 on each side, as numpy and ATen do.
+    # An empty range is widened by 0.5 on each side, in double, as numpy and ATen do.
     same = op.Equal(left, right)
-    half = op.CastLike(0.5, x)
-    left, right = op.Where(same, op.Sub(left, half), left), op.Where(same, op.Add(right, half), right)
-    steps = op.CastLike(op.Range(op.Constant(value_int=0), op.Constant(value_int=bins + 1), op.Constant(value_int=1)), x)
-    # The edges as ATen's linspace makes them: from the left up to halfway, from the right after it. One ulp
-    # apart moves a value that lies on an edge into the other bin.
-    step = op.Div(op.Sub(right, left), op.CastLike(float(bins), x))
-    from_right = op.Sub(right, op.Mul(step, op.Sub(op.CastLike(float(bins), x), steps)))
-    edges = op.Where(op.Less(steps, op.CastLike(float((bins + 1) // 2), x)), op.Add(left, op.Mul(step, steps)), from_right)
-    # ATen's bin: (x - left) / (right - left) * bins, moved by one where it lands across an edge; the right
-    # edge belongs to the last bin; values outside [left, right] are not counted.
-    position = op.Cast(op.Floor(op.Mul(op.Div(op.Sub(x, left), op.Sub(right, left)), op.CastLike(float(bins), x))),
-                       to=ir.DataType.INT64)
-    position = op.Min(op.Max(position, op.Constant(value_int=0)), op.Constant(value_int=bins - 1))
+    half = float64_constant(0.5)
+    left = op.Where(same, op.CastLike(op.Sub(op.Cast(left, to=ir.DataType.DOUBLE), half), x), left)
+    right = op.Where(same, op.CastLike(op.Add(op.Cast(right, to=ir.DataType.DOUBLE), half), x), right)
+    edges = op.CastLike(linspace(left, right, op.Div(op.Sub(right, left), op.CastLike(float(bins), x)), bins + 1), x)
+    # ATen's bin (its histogram looks one edge either side of it): the right edge belongs to the last bin;
+    # values outside [left, right] are not counted.
+    position = _linear_bin(x, left, right, bins, self.dtype)
     lower = op.Gather(edges, position, axis=0)
     upper = op.Gather(edges, op.Add(position, op.Constant(value_int=1)), axis=0)
     position = op.Where(op.Less(x, lower), op.Sub(position, op.Constant(value_int=1)), position)
