@@ -212,6 +212,10 @@ ENTRIES: dict[str, Entry] = _table([
     ("resize_", entry(xfail("dynamo", "Dynamo does not trace Tensor.resize_"))),
     ("resize_as_", entry(xfail("dynamo", "Dynamo does not trace torch.resize_as_"))),
     ("bucketize", entry(xfail("capture", "AOTAutograd specializes a data-dependent size (GuardOnDataDependentSymNode)"))),
+    # --- Ties: which index of equal values eager returns is unspecified (ATen's std::nth_element and
+    # partial_sort); integer samples have many. The values match; the indices point at equal values.
+    *[(name, entry(xfail("mismatch", "the index among tied integer values is unspecified (ATen's std::nth_element)",
+                         dtypes=(torch.int64,)))) for name in ("kthvalue", "topk", "mode")],
     # --- Complex numbers.
     *[(name, entry(*_complex_fwd())) for name in (
         "complex", "cfloat", "cdouble", "fft.fft", "fft.ifft", "fft.rfft", "fft.ihfft", "fft.rfft2", "fft.rfftn", "stft",
@@ -225,7 +229,9 @@ ENTRIES: dict[str, Entry] = _table([
         "fft.fft2", "fft.fftn", "fft.ifft2", "fft.ifftn",
     )],
     *[(name, entry(xfail("unsupported", _COMPLEX + ": no lowering for _conj_physical"))) for name in ("fft.ihfft2", "fft.ihfftn")],
-    *[(name, entry(xfail("unsupported", _COMPLEX + ": the backward multiplies and scatters complex tensors", kind="bwd")))
+    # (Results of sums over 10-20 values up to 9 in size: a float32 rounding of them exceeds atol 1e-5.)
+    *[(name, entry(xfail("unsupported", _COMPLEX + ": the backward multiplies and scatters complex tensors", kind="bwd"),
+                   tol={torch.float32: (1e-4, 1e-4)}))
       for name in ("fft.hfft", "fft.hfft2", "fft.hfftn", "fft.irfft", "fft.irfft2", "fft.irfftn")],
     # --- No lowering yet.
     *[(name, entry(xfail("unsupported", "no lowering for segment_reduce"))) for name in (

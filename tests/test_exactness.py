@@ -103,6 +103,21 @@ class _SmallEpsLoss(nn.Module):
         return -(y * torch.log(F.relu(self.fc(x)) + 1e-8)).mean()
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8])
+def test_integer_powers_are_atens(dtype):
+    # ATen's integer pow squares and multiplies, wrapping as C++ products do; ONNX Runtime's Pow goes through
+    # double: 3 ** 39 was 4052555153018976256 (eager 4052555153018976267), overflows INT64_MIN.
+    base = torch.tensor([3, 3, 5, -7, 2, 2, 0, 1, -1, -2, 2, 7, 3, 10, 1, -1, 11, 0])
+    exponent = torch.tensor([39, 40, 30, 23, 62, 63, 0, -3, -3, 63, 64, 100, -1, 19, -4, -4, 0, 5])
+    if dtype == torch.uint8:
+        base, exponent = base.abs(), exponent.abs()
+    base, exponent = base.to(dtype), exponent.to(dtype)
+    fn = lambda b, e: (b**e, 3**e, b**5, b.pow(39), b**0, b**2 * e, b[:0] ** e[:0],  # noqa: E731
+                       b.view(-1, 1) ** e.view(1, -1))
+    torch.testing.assert_close(torch.compile(fn, backend=aot2onnx.backend(fallback=False))(base, exponent),
+                               fn(base, exponent), rtol=0, atol=0)
+
+
 def test_training_artifact_keeps_a_small_offset(tmp_path):
     torch.manual_seed(0)
     module = _SmallEpsLoss()

@@ -369,6 +369,13 @@ def test_linspace_is_atens_bit_for_bit(dtype):
         x = torch.zeros((), dtype=dtype or torch.float32)
         actual = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x)
         torch.testing.assert_close(actual, fn(x), rtol=0, atol=0, msg=lambda m: f"{start} {end} {steps}: {m}")  # noqa: B023
+    # Tensor bounds (ATen takes their item()): of another dtype than the result, and one a Python number.
+    bounds = (torch.tensor(-9.19, dtype=torch.float64), torch.tensor(10, dtype=torch.int32))
+    fn = lambda a, b: (torch.linspace(a, b, 217, dtype=dtype), torch.linspace(a, 3.3, 50, dtype=dtype),  # noqa: E731
+                       torch.linspace(-3.7, b, 50, dtype=dtype))
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(fn, backend=aot2onnx.backend(fallback=False))(*bounds), fn(*bounds),
+                               rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -390,6 +397,18 @@ def test_histc_counts_as_aten(dtype, given_range):
         fn = lambda x: (torch.histc(x, 4, 3, 3), torch.histc(x, 3))  # noqa: E731
         torch._dynamo.reset()
         torch.testing.assert_close(torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x), fn(x), rtol=0, atol=0)
+
+
+def test_integer_and_bool_tensors_through_float_only_onnx_ops():
+    # ONNX's Ceil, Floor, Round, IsNaN, IsInf, ReduceProd over a 0-d tensor, and ONNX Runtime's Where of bools
+    # refuse these inputs: each graph failed to load (and ran in PyTorch by default).
+    x = torch.tensor([[3, -2, 0], [7, -1, 5]])
+    m = x > 0
+    fn = lambda x, m: (x.ceil(), x.floor(), x.round(), x.isnan(), x.isfinite(), x.nansum(), x.angle(),  # noqa: E731
+                       x[0, 0].prod(0), x.to(torch.int32).prod(1), m.prod(0), x.prod(dtype=torch.bool),
+                       torch.where(m, m, ~m), m.masked_fill(x < 5, True))
+    actual = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x, m)
+    torch.testing.assert_close(actual, fn(x, m), rtol=0, atol=0)
 
 
 def test_batch_norm_training_and_eval():

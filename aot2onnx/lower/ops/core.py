@@ -38,24 +38,60 @@ def prims_scalar_tensor(s, dtype: int = -1, device: str = ""):
     return aten_scalar_tensor(s, dtype)
 
 
+def _linspace(start, end, steps: int, dtype: int, fallback):
+    """ATen's linspace bit for bit (torch_lib's, like torch's own decomposition, is an ulp off at most steps,
+    and an integer one off by 1 after truncation): the bounds ``start`` and ``end`` (numbers, or 0-d tensors,
+    whose item() ATen takes) in the dtype, truncated for an integer one, the step in that dtype (double for
+    an integer one), each value an fma. ``fallback()`` is torch_lib's rule, for the other dtypes."""
+    data_type = ir.DataType.FLOAT if dtype in (-1, None) else ir.DataType(dtype)
+    exact = data_type in (ir.DataType.FLOAT, ir.DataType.DOUBLE) or data_type.is_integer()
+    if not exact or steps < 2 or any(isinstance(v, (bool, complex)) for v in (start, end)):
+        return fallback()
+    step_type = np.float64 if data_type.is_integer() else data_type.numpy().type
+    bounds = []
+    for v in (start, end):
+        if isinstance(v, ir.Value):
+            integer = data_type.is_integer()
+            bounds.append(op.Cast(op.Cast(v, to=ir.DataType.INT64) if integer else v,
+                                  to=ir.DataType.DOUBLE if integer else data_type))
+        else:
+            bound = int(v) if data_type.is_integer() else v
+            bounds.append(op.Constant(value=ir.tensor(np.asarray(bound, dtype=step_type))))
+    first, last = bounds
+    step = op.Div(op.Sub(last, first), op.Constant(value=ir.tensor(np.asarray(steps - 1, dtype=step_type))))
+    return op.Cast(linspace(first, last, step, steps), to=data_type)
+
+
 @project_rule(aten.linspace.default)
 def aten_linspace(start, end, steps: int, dtype: int = -1, layout: str = "", device: str = "",
                   pin_memory: bool = False):
     """linspace(Scalar start, Scalar end, int steps, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
-    # ATen's values bit for bit (torch_lib's, like torch's own decomposition, are an ulp off at most steps):
-    # the step in the dtype (in double for integers, whose bounds are truncated first), each value an fma.
-    data_type = ir.DataType.FLOAT if dtype in (-1, None) else ir.DataType(dtype)
-    exact = data_type in (ir.DataType.FLOAT, ir.DataType.DOUBLE) or data_type.is_integer()
-    if not exact or not all(isinstance(v, numbers.Real) for v in (start, end)) or steps < 2:
-        return torchlib_core.aten_linspace(start, end, steps, dtype, layout, device, pin_memory)
-    if data_type.is_integer():
-        start, end, step_type = int(start), int(end), np.float64
-    else:
-        step_type = data_type.numpy().type
-    first, last = step_type(start), step_type(end)
-    step = step_type((last - first) / step_type(steps - 1))
-    constant = lambda v: op.Constant(value=ir.tensor(np.asarray(v, dtype=step_type)))  # noqa: E731
-    return op.Cast(linspace(constant(first), constant(last), constant(step), steps), to=data_type)
+    return _linspace(start, end, steps, dtype,
+                     lambda: torchlib_core.aten_linspace(start, end, steps, dtype, layout, device, pin_memory))
+
+
+@project_rule(aten.linspace.Tensor_Tensor)
+def aten_linspace_tensor_tensor(start, end, steps: int, dtype: int = -1, layout: str = "", device: str = "",
+                                pin_memory: bool = False):
+    """linspace.Tensor_Tensor(Tensor start, Tensor end, int steps, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
+    return _linspace(start, end, steps, dtype,
+                     lambda: torchlib_core.aten_linspace(start, end, steps, dtype, layout, device, pin_memory))
+
+
+@project_rule(aten.linspace.Tensor_Scalar)
+def aten_linspace_tensor_scalar(start, end, steps: int, dtype: int = -1, layout: str = "", device: str = "",
+                                pin_memory: bool = False):
+    """linspace.Tensor_Scalar(Tensor start, Scalar end, int steps, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
+    return _linspace(start, end, steps, dtype,
+                     lambda: torchlib_core.aten_linspace(start, end, steps, dtype, layout, device, pin_memory))
+
+
+@project_rule(aten.linspace.Scalar_Tensor)
+def aten_linspace_scalar_tensor(start, end, steps: int, dtype: int = -1, layout: str = "", device: str = "",
+                                pin_memory: bool = False):
+    """linspace.Scalar_Tensor(Scalar start, Tensor end, int steps, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
+    return _linspace(start, end, steps, dtype,
+                     lambda: torchlib_core.aten_linspace(start, end, steps, dtype, layout, device, pin_memory))
 
 
 @project_rule(aten.fill.Scalar)

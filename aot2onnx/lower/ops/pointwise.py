@@ -216,6 +216,9 @@ def _per_element(condition, other) -> bool:
 
 def select(condition, x, y):
     """``Where(condition, x, y)``, keeping the sign of every zero it selects."""
+    if x.dtype == ir.DataType.BOOL and y.dtype == ir.DataType.BOOL:  # ONNX Runtime has no bool Where kernel
+        uint8 = ir.DataType.UINT8
+        return op.Cast(op.Where(_condition(condition), op.Cast(x, to=uint8), op.Cast(y, to=uint8)), to=ir.DataType.BOOL)
     if condition.dtype == ir.DataType.BOOL:
         for fill, other, fill_where in ((_fill(x, y), y, True), (_fill(y, x), x, False)):
             if fill is None or other.dtype not in _FLOATS:
@@ -623,7 +626,76 @@ def aten_pow_tensor_scalar(self, exponent):
         kernel = _POW_AS_ATEN.get(exponent)
         if kernel is not None:
             return kernel(self)
+    if self.dtype in _INTEGERS and isinstance(exponent, int) and not isinstance(exponent, bool):
+        # ATen casts the exponent to the tensor's dtype (wrapping), then squares and multiplies.
+        exponent = int(np.array(exponent).astype(self.dtype.numpy()))
+        return _integer_power(self, op.Constant(value=ir.tensor(np.array(exponent, dtype=self.dtype.numpy()))),
+                              self.dtype, max_exponent=exponent)
     return torchlib_core.aten_pow_tensor_scalar(self, exponent)
+
+
+@project_rule(aten.pow.Tensor_Tensor)
+def aten_pow_tensor_tensor(self, exponent):
+    """pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor"""
+    if self.dtype in _INTEGERS and exponent.dtype == self.dtype:
+        return _integer_power(self, exponent, self.dtype)
+    return torchlib_core.aten_pow(self, exponent)
+
+
+@project_rule(aten.pow.Scalar)
+def aten_pow_scalar(self, exponent):
+    """pow.Scalar(Scalar self, Tensor exponent) -> Tensor"""
+    if exponent.dtype in _INTEGERS and isinstance(self, int) and not isinstance(self, bool):
+        base = op.Constant(value=ir.tensor(np.array(self).astype(exponent.dtype.numpy())))
+        return _integer_power(base, exponent, exponent.dtype)
+    return torchlib_core.aten_pow_scalar(self, exponent)
+
+
+_INTEGERS = (ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64, ir.DataType.UINT8)
+
+
+def _integer_power(base: ir.Value, exponent: ir.Value, dtype: ir.DataType, max_exponent: int | None = None):
+    """ATen's integer pow (``powi``): base ** exponent by squaring and multiplying, wrapping around as C++'s
+    integer products do; a negative exponent gives 1 for a base of 1, 1 or -1 for -1, 0 otherwise. ONNX
+    Runtime's Pow goes through double: 3 ** 39 came out 4052555153018976256 for 4052555153018976267, and
+    overflowing powers as INT64_MIN instead of eager's wrapped values.
+
+    The products are int64 (wrapping modulo 2^64, which a narrower dtype's wrap divides), cast back at the
+    end. The squarings run once per bit of the largest exponent: unrolled for a known exponent, else in a
+    Loop. A known exponent needs no broadcast."""
+    int64 = ir.DataType.INT64
+    a, b = op.Cast(base, to=int64), op.Cast(exponent, to=int64)
+    one, two = op.Constant(value_int=1), op.Constant(value_int=2)
+    if max_exponent is None or max_exponent < 0:  # both to the result's shape
+        a, b = op.Add(a, op.Mul(b, op.Constant(value_int=0))), op.Add(b, op.Mul(a, op.Constant(value_int=0)))
+
+    def square_and_multiply(result, a, b):
+        odd = op.Equal(op.Mod(b, two), one)
+        return op.Where(odd, op.Mul(result, a), result), op.Mul(a, a), op.Div(b, two)
+
+    if max_exponent is not None and max_exponent >= 0:
+        result, power = None, a
+        for k in range(max_exponent.bit_length()):
+            if max_exponent >> k & 1:
+                result = power if result is None else op.Mul(result, power)
+            if k + 1 < max_exponent.bit_length():
+                power = op.Mul(power, power)
+        return op.Cast(op.Expand(one, op.Shape(a)) if result is None else result, to=dtype)
+    result, positive = op.Expand(one, op.Shape(a)), op.Max(b, op.Constant(value_int=0))
+    largest = op.ReduceMax(op.Concat(op.Reshape(positive, op.Constant(value_ints=[-1])), op.Constant(value_ints=[0]),
+                                     axis=0), keepdims=0)
+    powers = op.Constant(value=ir.tensor(np.array([1 << k for k in range(63)], dtype=np.int64)))
+    bits = op.ReduceSum(op.Cast(op.GreaterOrEqual(largest, powers), to=int64), keepdims=0)
+    for v in (result, a, positive):
+        v.dtype = int64
+    result, _, _ = loop(bits, [result, a, positive], square_and_multiply)
+    if dtype != ir.DataType.UINT8:
+        parity = op.Mod(op.Neg(b), two)
+        of_negative = op.Where(op.Equal(a, one), one, op.Where(op.Equal(a, op.Constant(value_int=-1)),
+                                                                 op.Where(op.Equal(parity, one), op.Constant(value_int=-1), one),
+                                                                 op.Constant(value_int=0)))
+        result = op.Where(op.Less(b, op.Constant(value_int=0)), of_negative, result)
+    return op.Cast(result, to=dtype)
 
 
 @project_rule(prims.hypot.default)
@@ -683,7 +755,11 @@ def aten_atan2(self, other):
 @project_rule(aten.angle.default)
 def aten_angle(self):
     """angle(Tensor self) -> Tensor"""
-    # ATen for real inputs: pi below 0, 0 from -0.0 up, NaN at NaN (torch_lib's gave 0 there).
+    # ATen for real inputs: pi below 0, 0 from -0.0 up, NaN at NaN (torch_lib's gave 0 there); integers and
+    # bools give the default float dtype.
+    if self.dtype not in _FLOATS:
+        self = op.Cast(self, to=ir.DataType.FLOAT)
+        self.dtype = ir.DataType.FLOAT
     return _opmath(lambda x: op.Where(op.IsNaN(x), x, op.Where(op.Less(x, _scalar_like(0.0, x)),
                                                                 _scalar_like(math.pi, x), _scalar_like(0.0, x))),
                    self)
@@ -695,6 +771,46 @@ def aten_angle_complex(self):
     real = op.Squeeze(op.Slice(self, [0], [1], axes=[-1]), axes=[-1])
     imag = op.Squeeze(op.Slice(self, [1], [2], axes=[-1]), axes=[-1])
     return _atan2(imag, real)
+
+
+def _integer_identity(self, float_rule):
+    # Rounding an integer (or bool) is a copy in ATen; ONNX's Ceil, Floor and Round refuse integers.
+    return op.Identity(self) if self.dtype not in _FLOATS else float_rule(self)
+
+
+@project_rule(aten.ceil.default)
+def aten_ceil(self):
+    """ceil(Tensor self) -> Tensor"""
+    return _integer_identity(self, torchlib_core.aten_ceil)
+
+
+@project_rule(aten.floor.default)
+def aten_floor(self):
+    """floor(Tensor self) -> Tensor"""
+    return _integer_identity(self, torchlib_core.aten_floor)
+
+
+@project_rule(aten.round.default)
+def aten_round(self):
+    """round(Tensor self) -> Tensor"""
+    return _integer_identity(self, torchlib_core.aten_round)
+
+
+@project_rule(aten.isnan.default)
+def aten_isnan(self):
+    """isnan(Tensor self) -> Tensor"""
+    # No integer is NaN (ONNX's IsNaN refuses integers: nansum of an int64 tensor failed to load).
+    if self.dtype in _FLOATS:
+        return op.IsNaN(self)
+    return op.Expand(op.Constant(value=ir.tensor(False)), op.Shape(self))
+
+
+@project_rule(aten.isfinite.default)
+def aten_isfinite(self):
+    """isfinite(Tensor self) -> Tensor"""
+    if self.dtype in _FLOATS:
+        return torchlib_core.aten_isfinite(self)
+    return op.Expand(op.Constant(value=ir.tensor(True)), op.Shape(self))
 
 
 def _sign_of(x):

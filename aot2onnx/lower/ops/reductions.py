@@ -786,9 +786,15 @@ def _in_eager_order(self, axis: int, keepdim: bool):
 @project_rule(aten.prod.dim_int)
 def aten_prod_dim_int(self, dim: int, keepdim: bool = False, dtype: int = -1):
     """prod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor"""
+    if dtype in (-1, None) and self.dtype is not None and (self.dtype.is_integer() or self.dtype == ir.DataType.BOOL):
+        dtype = ir.DataType.INT64  # ATen's product of integers (and bools) is int64
     if dtype not in (-1, None):
         self = _with_shape(op.Cast(self, to=dtype), self)
         self.dtype = ir.DataType(dtype)
+    if self.dtype == ir.DataType.BOOL:  # ReduceProd has no bool kernel: the product of 0s and 1s
+        return op.Cast(aten_prod_dim_int(self, dim, keepdim, ir.DataType.INT64), to=ir.DataType.BOOL)
+    if self.shape is not None and len(self.shape) == 0:
+        return op.Identity(self)  # a 0-d tensor is its own product over dim 0 or -1 (ReduceProd refuses the axis)
     product = _in_eager_order(self, dim % max(len(self.shape), 1), keepdim) if self.shape else None
     return product if product is not None else torchlib_core.aten_prod_dim_int(self, dim, keepdim)
 
@@ -799,6 +805,8 @@ def aten_prod(self, dtype: int = -1):
     if dtype not in (-1, None):
         self = _with_shape(op.Cast(self, to=dtype), self)
         self.dtype = ir.DataType(dtype)
+    if self.dtype == ir.DataType.BOOL:  # ReduceProd has no bool kernel: the product of 0s and 1s
+        return op.Cast(aten_prod(self, ir.DataType.INT64), to=ir.DataType.BOOL)
     if self.dtype in _FLOATS and self.shape is not None and len(self.shape) > 0 and all(
             isinstance(d, int) for d in self.shape):
         flat = op.Reshape(self, op.Constant(value_ints=[-1]))
