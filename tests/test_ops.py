@@ -400,13 +400,14 @@ def test_histc_counts_as_aten(dtype, given_range):
 
 
 def test_integer_and_bool_tensors_through_float_only_onnx_ops():
-    # ONNX's Ceil, Floor, Round, IsNaN, IsInf, ReduceProd over a 0-d tensor, and ONNX Runtime's Where of bools
-    # refuse these inputs: each graph failed to load (and ran in PyTorch by default).
+    # ONNX's Ceil, Floor, Round, IsNaN, IsInf, ReduceProd over a 0-d tensor, and ONNX Runtime's Where, Add,
+    # Max, Min and Less of bools refuse these inputs: each graph failed to load (and ran in PyTorch by default).
     x = torch.tensor([[3, -2, 0], [7, -1, 5]])
     m = x > 0
     fn = lambda x, m: (x.ceil(), x.floor(), x.round(), x.isnan(), x.isfinite(), x.nansum(), x.angle(),  # noqa: E731
                        x[0, 0].prod(0), x.to(torch.int32).prod(1), m.prod(0), x.prod(dtype=torch.bool),
-                       torch.where(m, m, ~m), m.masked_fill(x < 5, True))
+                       torch.where(m, m, ~m), m.masked_fill(x < 5, True), m + (x < 5), torch.fmax(m, x < 5),
+                       torch.fmin(m, x < 5), m.clamp_min(x < 5), m.clamp_max(x < 5), m.signbit())
     actual = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x, m)
     torch.testing.assert_close(actual, fn(x, m), rtol=0, atol=0)
 

@@ -24,8 +24,15 @@ aten, prims = torch.ops.aten, torch.ops.prims
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
+def _of_bools(extremum):
+    """Max or Min, or for bools (which ONNX Runtime's Max and Min refuse) Or or And."""
+    return (lambda a, b: op.Or(a, b)) if extremum == op.Max else (lambda a, b: op.And(a, b))
+
+
 def _nan_ignoring(extremum, self, other):
     # fmax/fmin: a NaN loses to a number; NaN only when both are NaN.
+    if self.dtype == ir.DataType.BOOL:
+        return _of_bools(extremum)(self, other)
     result = extremum(self, other)
     if self.dtype not in _FLOATS:
         return result
@@ -279,9 +286,19 @@ def _extremum(extremum, loser: float, self, other, dtype: ir.DataType):
     # (0.0 and -0.0) self in its scalar loop, other in its vector loop: eager's answer for a tie of zeros
     # depends on the element's place too. Here it is always self, as in ATen's scalar code. Where the two
     # are equal, other becomes -inf (inf), which extremum passes over for self.
+    if dtype == ir.DataType.BOOL:
+        return _of_bools(extremum)(self, op.Cast(other, to=ir.DataType.BOOL))
     if dtype not in _FLOATS:
         return extremum(self, other)
     return extremum(self, op.Where(op.Equal(self, other), op.CastLike(loser, other), other))
+
+
+@project_rule(aten.add.Tensor)
+def aten_add(self, other, alpha=1):
+    """add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"""
+    if self.dtype == ir.DataType.BOOL and other.dtype == ir.DataType.BOOL and alpha:
+        return op.Or(self, other)  # as ATen's bool add; ONNX Runtime's Add refuses bools
+    return torchlib_core.aten_add(self, other, alpha)
 
 
 @project_rule(aten.maximum.default)
@@ -307,9 +324,9 @@ def _clamp(self, low, high):
     dtype = self.dtype
     if dtype not in _FLOATS:
         if low is not None:
-            self = op.Max(self, op.CastLike(low, self))
+            self = _extremum(op.Max, None, self, op.CastLike(low, self), dtype)
         if high is not None:
-            self = op.Min(self, op.CastLike(high, self))
+            self = _extremum(op.Min, None, self, op.CastLike(high, self), dtype)
         return self
     if isinstance(low, float) and _negative_zero(low):
         # ONNX Runtime's ReluClipFusion drops a Relu before a Clip whose min is >= 0, and -0.0 is: relu(-1)
@@ -723,6 +740,8 @@ def _negative_sign(x):
 def prims_signbit(self):
     """signbit(Tensor self) -> Tensor"""
     # (torch_lib's aten.signbit is x < 0, False for -0.0.)
+    if self.dtype == ir.DataType.BOOL:
+        return op.Expand(op.Constant(value=ir.tensor(False)), op.Shape(self))
     if self.dtype not in _FLOATS:
         return op.Less(self, op.CastLike(0, self))
     # (A NaN's sign bit is not visible without a bit cast.)
