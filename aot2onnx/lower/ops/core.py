@@ -63,33 +63,14 @@ def _linspace(start, end, steps: int, dtype: int, fallback):
 
 
 @project_rule(aten.linspace.default)
+@project_rule(aten.linspace.Tensor_Tensor)
+@project_rule(aten.linspace.Tensor_Scalar)
+@project_rule(aten.linspace.Scalar_Tensor)
 def aten_linspace(start, end, steps: int, dtype: int = -1, layout: str = "", device: str = "",
                   pin_memory: bool = False):
-    """linspace(Scalar start, Scalar end, int steps, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
-    return _linspace(start, end, steps, dtype,
-                     lambda: torchlib_core.aten_linspace(start, end, steps, dtype, layout, device, pin_memory))
+    """linspace(Scalar start, Scalar end, int steps, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 
-
-@project_rule(aten.linspace.Tensor_Tensor)
-def aten_linspace_tensor_tensor(start, end, steps: int, dtype: int = -1, layout: str = "", device: str = "",
-                                pin_memory: bool = False):
-    """linspace.Tensor_Tensor(Tensor start, Tensor end, int steps, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
-    return _linspace(start, end, steps, dtype,
-                     lambda: torchlib_core.aten_linspace(start, end, steps, dtype, layout, device, pin_memory))
-
-
-@project_rule(aten.linspace.Tensor_Scalar)
-def aten_linspace_tensor_scalar(start, end, steps: int, dtype: int = -1, layout: str = "", device: str = "",
-                                pin_memory: bool = False):
-    """linspace.Tensor_Scalar(Tensor start, Scalar end, int steps, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
-    return _linspace(start, end, steps, dtype,
-                     lambda: torchlib_core.aten_linspace(start, end, steps, dtype, layout, device, pin_memory))
-
-
-@project_rule(aten.linspace.Scalar_Tensor)
-def aten_linspace_scalar_tensor(start, end, steps: int, dtype: int = -1, layout: str = "", device: str = "",
-                                pin_memory: bool = False):
-    """linspace.Scalar_Tensor(Scalar start, Tensor end, int steps, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
+    Also linspace.Tensor_Tensor, Tensor_Scalar and Scalar_Tensor: either bound a 0-d tensor."""
     return _linspace(start, end, steps, dtype,
                      lambda: torchlib_core.aten_linspace(start, end, steps, dtype, layout, device, pin_memory))
 
