@@ -47,18 +47,16 @@ def _linspace(start, end, steps: int, dtype: int, fallback):
     exact = data_type in (ir.DataType.FLOAT, ir.DataType.DOUBLE) or data_type.is_integer()
     if not exact or steps < 2 or any(isinstance(v, (bool, complex)) for v in (start, end)):
         return fallback()
-    step_type = np.float64 if data_type.is_integer() else data_type.numpy().type
-    bounds = []
-    for v in (start, end):
+    integer = data_type.is_integer()
+    step_dtype = ir.DataType.DOUBLE if integer else data_type
+
+    def bound(v):
         if isinstance(v, ir.Value):
-            integer = data_type.is_integer()
-            bounds.append(op.Cast(op.Cast(v, to=ir.DataType.INT64) if integer else v,
-                                  to=ir.DataType.DOUBLE if integer else data_type))
-        else:
-            bound = int(v) if data_type.is_integer() else v
-            bounds.append(op.Constant(value=ir.tensor(np.asarray(bound, dtype=step_type))))
-    first, last = bounds
-    step = op.Div(op.Sub(last, first), op.Constant(value=ir.tensor(np.asarray(steps - 1, dtype=step_type))))
+            return op.Cast(op.Cast(v, to=ir.DataType.INT64) if integer else v, to=step_dtype)
+        return op.Constant(value=ir.tensor(np.asarray(int(v) if integer else v, dtype=step_dtype.numpy())))
+
+    first, last = bound(start), bound(end)
+    step = op.Div(op.Sub(last, first), op.Constant(value=ir.tensor(np.asarray(steps - 1, dtype=step_dtype.numpy()))))
     return op.Cast(linspace(first, last, step, steps), to=data_type)
 
 
