@@ -354,6 +354,45 @@ def test_cross_is_atens_bit_for_bit(dtype):
     torch.testing.assert_close(torch.compile(fn, backend=aot2onnx.backend(fallback=False))(a, b), fn(a, b), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_addbmm_as_aten_accumulates_it(dtype):
+    # ATen adds the batches into the result one addmm_ at a time: a 16-bit result is rounded after each, and
+    # torch_lib's one sum was several bfloat16 ulps off where batches cancel. With beta=0 self is ignored:
+    # torch_lib's self * 0 turned an inf in self into NaN.
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(7, 5, 6, generator=g).to(dtype), torch.randn(7, 6, 10, generator=g).to(dtype)
+    for self_shape, beta, alpha in [((5, 10), 1, 1), ((1,), 0.6, 0.2), ((), 0, 1.5)]:
+        m = torch.randn(self_shape, generator=g).to(dtype)
+        if beta == 0:
+            m = torch.full(self_shape, float("inf"), dtype=dtype)
+        fn = lambda m, a, b: torch.addbmm(m, a, b, beta=beta, alpha=alpha)  # noqa: B023, E731
+        torch._dynamo.reset()
+        actual = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(m, a, b)
+        exact = dtype != torch.float32  # float32: ATen's GEMM and ONNX Runtime's round in other orders
+        torch.testing.assert_close(actual, fn(m, a, b), rtol=0 if exact else 1e-6, atol=0 if exact else 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.bool])
+def test_addr_as_aten_rounds_it(dtype):
+    # ATen's 16-bit kernel rounds after each operation (beta and alpha too): torch_lib's rule, one rounding,
+    # was several bfloat16 ulps off. beta=0 ignores self's NaN. ONNX Runtime has no bool Mul.
+    g = torch.Generator().manual_seed(0)
+    for rows, cols, self_shape, beta, alpha in [(64, 96, (64, 96), 0.6, 0.2), (7, 333, (1,), 1, 1), (5, 10, (), 0, 1.5)]:
+        if dtype == torch.bool:
+            beta, alpha = bool(beta), bool(alpha)  # noqa: PLW2901
+            m, v1, v2 = (torch.rand(s, generator=g) > 0.5 for s in (self_shape, (rows,), (cols,)))
+        else:
+            m, v1, v2 = ((torch.randn(s, generator=g) * 3).to(dtype) for s in (self_shape, (rows,), (cols,)))
+            if beta == 0:
+                m = torch.full(self_shape, float("nan"), dtype=dtype)
+        fn = lambda m, a, b: torch.addr(m, a, b, beta=beta, alpha=alpha)  # noqa: B023, E731
+        torch._dynamo.reset()
+        actual = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(m, v1, v2)
+        # float32/float64: ATen's vector and scalar loops fuse different products (an ulp apart).
+        exact = dtype not in (torch.float32, torch.float64)
+        torch.testing.assert_close(actual, fn(m, v1, v2), rtol=0 if exact else 2e-6, atol=0 if exact else 1e-5, equal_nan=False)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("given_range", [False, True])
 def test_histogram_edges_are_atens_linspace(dtype, given_range):

@@ -9,7 +9,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript import opset18 as op
 
-__all__ = ["FLOATS", "flat", "float64_constant", "linspace", "planes", "scatter_add_to_planes", "static_dim", "static_dims"]
+__all__ = ["FLOATS", "flat", "float64_constant", "fma", "linspace", "planes", "scatter_add_to_planes", "static_dim", "static_dims"]
 
 FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
@@ -44,6 +44,25 @@ def cast(x: ir.Value, dtype: ir.DataType) -> ir.Value:
 def float64_constant(value) -> ir.Value:
     """A float64 Constant of ``value`` (a number or an array): exact for any float32 or float64 number."""
     return op.Constant(value=ir.tensor(np.asarray(value, dtype=np.float64)))
+
+
+def fma(a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    """``a * b + c`` rounded once, for float64 values (ONNX has no fused multiply-add): Dekker's exact product
+    and Knuth's exact sum, their errors added before the last rounding. It differs from a true fma only where
+    the exact value lies within about 2^-100 of a rounding midpoint, or where a product overflows."""
+    def split(x):  # x as hi + lo, two 26-bit halves whose products are exact
+        spread = op.Mul(x, float64_constant(134217729.0))
+        high = op.Sub(spread, op.Sub(spread, x))
+        return high, op.Sub(x, high)
+
+    (a_high, a_low), (b_high, b_low) = split(a), split(b)
+    product = op.Mul(a, b)
+    product_error = op.Add(op.Add(op.Add(op.Sub(op.Mul(a_high, b_high), product), op.Mul(a_high, b_low)),
+                                  op.Mul(a_low, b_high)), op.Mul(a_low, b_low))
+    total = op.Add(product, c)
+    back = op.Sub(total, product)
+    sum_error = op.Add(op.Sub(product, op.Sub(total, back)), op.Sub(c, back))
+    return op.Add(total, op.Add(sum_error, product_error))
 
 
 def linspace(start: ir.Value, end: ir.Value, step: ir.Value, steps: int) -> ir.Value:
