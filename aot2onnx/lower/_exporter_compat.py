@@ -24,7 +24,7 @@ __all__ = [
     "add_opset_imports",
     "convert_fx_arg_to_onnx_arg",
     "core_logger_name",
-    "insert_type_promotion_nodes",
+    "insert_type_promotion_nodes_except",
     "registration_logger_name",
     "remove_assertion_nodes",
     "set_node_metadata",
@@ -42,7 +42,7 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "convert_fx_arg_to_onnx_arg": ("_core", "_convert_fx_arg_to_onnx_arg"),
     "set_node_metadata": ("_core", "_set_node_metadata"),
     "core_logger": ("_core", "logger"),
-    "insert_type_promotion_nodes": ("_fx_passes", "insert_type_promotion_nodes"),
+    "fx_passes": ("_fx_passes", "passes"),
     "remove_assertion_nodes": ("_fx_passes", "remove_assertion_nodes"),
     "add_opset_imports": ("_ir_passes", "add_opset_imports"),
     "ONNXRegistry": ("_registration", "ONNXRegistry"),
@@ -69,7 +69,17 @@ set_shape_type = _resolve("set_shape_type")
 convert_fx_arg_to_onnx_arg = _resolve("convert_fx_arg_to_onnx_arg")
 set_node_metadata = _resolve("set_node_metadata")
 core_logger_name: str = _resolve("core_logger").name
-insert_type_promotion_nodes = _resolve("insert_type_promotion_nodes")
+_fx_passes = _resolve("fx_passes")
+
+
+def insert_type_promotion_nodes_except(graph_module: Any, ops: tuple[str, ...]) -> None:
+    """The exporter's type promotion pass (its ``insert_type_promotion_nodes``) without its rules for ``ops``
+    (packet names such as ``"aten.std"``), whose nodes it then leaves as they are."""
+    table = _fx_passes.type_promotion.TypePromotionTable()
+    for name in ops:
+        table._rule_table.pop(name, None)
+    for module in graph_module.modules():
+        _fx_passes.InsertTypePromotion(module, table).run()
 remove_assertion_nodes = _resolve("remove_assertion_nodes")
 add_opset_imports = _resolve("add_opset_imports")
 ONNXRegistry = _resolve("ONNXRegistry")

@@ -15,7 +15,7 @@ from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
 
-from aot2onnx.lower.ops._common import static_dims
+from aot2onnx.lower.ops._common import cast, static_dims
 from aot2onnx.lower.ops._control import cond, loop
 from aot2onnx.lower.registry import project_rule
 
@@ -460,6 +460,15 @@ def _opmath(fn, *xs):
     return fn(*xs)
 
 
+def _in_float32(fn, *xs):
+    """``fn(*xs)`` computed in float32 and rounded once to the 16-bit dtype of ``xs[0]``, as ATen's CPU kernels
+    compute a float16 or bfloat16 op: with float32 constants. ``fn`` may read its inputs' dtype (torch_lib's
+    rules make their constants in it): under mixed precision alone, a GELU's 1/sqrt(2) and a softplus's beta
+    were rounded to bfloat16 first, and 5% (GELU) to half (softplus, tanh GELU) of the bfloat16 results were
+    an ulp or more off eager's."""
+    return op.Cast(fn(*(cast(x, ir.DataType.FLOAT) for x in xs)), to=xs[0].dtype)
+
+
 def _one_plus_exp_neg(x):
     return op.Add(op.CastLike(1.0, x), op.Exp(op.Neg(x)))
 
@@ -585,6 +594,8 @@ def aten_celu(self, alpha: float = 1.0):
 @project_rule(aten.softplus.default)
 def aten_softplus(self, beta: float = 1.0, threshold: float = 20.0):
     """softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor"""
+    if self.dtype in _HALVES:
+        return _in_float32(lambda x: torchlib_nn.aten_softplus(x, beta, threshold), self)
     if self.dtype != ir.DataType.DOUBLE:
         return torchlib_nn.aten_softplus(self, beta, threshold)
     # ATen: x * beta > threshold ? x : log1p(exp(x * beta)) / beta. The x side is Where's first operand: it is
@@ -1267,3 +1278,20 @@ def aten_linalg_cross(self, other, dim: int = -1):
         return op.Sub(op.Mul(*p), op.Mul(*q))
 
     return op.Concat(*(component(i) for i in range(3)), axis=dim)
+
+
+@project_rule(aten.gelu.default)
+def aten_gelu(self, approximate: str = "none"):
+    """gelu(Tensor self, *, str approximate='none') -> Tensor"""
+    if self.dtype in _HALVES:
+        return _in_float32(lambda x: torchlib_nn.aten_gelu(x, approximate), self)
+    return torchlib_nn.aten_gelu(self, approximate)
+
+
+@project_rule(aten.reciprocal.default)
+def aten_reciprocal(self):
+    """reciprocal(Tensor self) -> Tensor"""
+    # ONNX Runtime's float16 Reciprocal is off eager's correctly rounded 1 / x in a quarter of the values.
+    if self.dtype in _HALVES:
+        return _in_float32(op.Reciprocal, self)
+    return op.Reciprocal(self)
