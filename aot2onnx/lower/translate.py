@@ -275,11 +275,14 @@ def _float_scalar_bounds(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
-# Reductions whose rules compute in double whatever the float dtype (reductions._moments), as ATen does.
-# The exporter's pass would cast a 16-bit input to float32 and rebuild the node from its packet's default
-# overload: std.correction became an std.default that nothing lowers, and std_mean (two outputs) made the
-# pass raise. Both ran in PyTorch.
-_OWN_PROMOTION = ("aten.std", "aten.std_mean", "aten.var", "aten.var_mean")
+# Ops the exporter's type promotion pass is kept off. The reductions' rules compute in double whatever the
+# float dtype (reductions._moments), as ATen does; the pass would cast a 16-bit input to float32 and rebuild
+# the node from its packet's default overload: std.correction became an std.default that nothing lowers, and
+# std_mean (two outputs) made the pass raise. Both ran in PyTorch. lerp takes tensors of one dtype (ATen
+# checks it); the pass made lerp.Scalar's weight a tensor of that dtype, so a bfloat16 lerp's weight 0.3 was
+# rounded to 0.30078125 where ATen keeps it in float32 (41% of the results off), and lerp.Scalar's rule,
+# which follows ATen's branch on |weight|, was never reached.
+_OWN_PROMOTION = ("aten.std", "aten.std_mean", "aten.var", "aten.var_mean", "aten.lerp")
 
 
 _HALF_FLOATS = (torch.float16, torch.bfloat16)
