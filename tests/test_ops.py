@@ -382,7 +382,8 @@ def test_16_bit_ops_take_scalars_and_constants_in_float32(dtype):
     x = (torch.randn(20000, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
     t = torch.tensor(0.3)
     fn = lambda x, t: (x * 0.3, x / 0.3, 0.3 / x, x * t, x / torch.tensor(0.7, dtype=torch.float64), x * 3,  # noqa: E731
-                       t * x, x.reciprocal(), (x.float() * 1.1).to(dtype) + x)
+                       t * x, x.reciprocal(), (x.float() * 1.1).to(dtype) + x, torch.div(x, 0.3, rounding_mode="floor"),
+                       torch.div(x, 0.3, rounding_mode="trunc"))
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x, t), fn(x, t), rtol=0, atol=0)
     # softplus: float32 exp and log1p are ONNX Runtime's, a float32 ulp from ATen's: 1 float16 result in 20,000

@@ -286,10 +286,12 @@ _OWN_PROMOTION = ("aten.std", "aten.std_mean", "aten.var", "aten.var_mean", "ate
 
 
 _HALF_FLOATS = (torch.float16, torch.bfloat16)
+# ATen's CPU kernels with a reduced-precision path for a scalar second operand (BinaryOpsKernel.cpp).
+_OPMATH_SCALAR_OPS = (torch.ops.aten.mul.Tensor, torch.ops.aten.div.Tensor, torch.ops.aten.div.Tensor_mode)
 
 
 def _opmath_scalar_operands(gm: torch.fx.GraphModule) -> None:
-    """``x * s`` and ``x / s`` for a float16 or bfloat16 ``x`` and a scalar ``s`` (a Python number or a 0-d
+    """``x * s`` and ``x / s`` (true, floor or trunc) for a float16 or bfloat16 ``x`` and a scalar ``s`` (a Python number or a 0-d
     tensor of another dtype), computed in float32 with ``s`` as a float32 and rounded once, as ATen's CPU
     kernels do: they take the second operand of a reduced-precision mul or div, when it is a scalar, as its
     original value in float32 (``iter.original_scalar_value<opmath_t>``). The type promotion pass would round
@@ -298,10 +300,10 @@ def _opmath_scalar_operands(gm: torch.fx.GraphModule) -> None:
     left alone."""
     changed = False
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in (torch.ops.aten.mul.Tensor, torch.ops.aten.div.Tensor):
+        if node.op != "call_function" or node.target not in _OPMATH_SCALAR_OPS:
             continue
         out = node.meta.get("val")
-        if not isinstance(out, torch.Tensor) or out.dtype not in _HALF_FLOATS or len(node.args) != 2 or node.kwargs:
+        if not isinstance(out, torch.Tensor) or out.dtype not in _HALF_FLOATS or len(node.args) != 2:
             continue
         x, s = node.args
         x_val = getattr(x, "meta", {}).get("val")
@@ -318,7 +320,7 @@ def _opmath_scalar_operands(gm: torch.fx.GraphModule) -> None:
                 s.meta["val"] = s_val.to(torch.float32)
             else:
                 s = float(s)
-            computed = gm.graph.call_function(node.target, (x32, s))
+            computed = gm.graph.call_function(node.target, (x32, s), dict(node.kwargs))
             computed.meta["val"] = out.to(torch.float32)
             rounded = gm.graph.call_function(torch.ops.prims.convert_element_type.default, (computed, out.dtype))
             rounded.meta["val"] = out
