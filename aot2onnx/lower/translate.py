@@ -287,7 +287,8 @@ _OWN_PROMOTION = ("aten.std", "aten.std_mean", "aten.var", "aten.var_mean", "ate
 
 _HALF_FLOATS = (torch.float16, torch.bfloat16)
 # ATen's CPU kernels with a reduced-precision path for a scalar second operand (BinaryOpsKernel.cpp).
-_OPMATH_SCALAR_OPS = (torch.ops.aten.mul.Tensor, torch.ops.aten.div.Tensor, torch.ops.aten.div.Tensor_mode)
+_OPMATH_SCALAR_OPS = (torch.ops.aten.mul.Tensor, torch.ops.aten.mul.Scalar, torch.ops.aten.div.Tensor,
+                      torch.ops.aten.div.Scalar, torch.ops.aten.div.Tensor_mode, torch.ops.aten.div.Scalar_mode)
 
 
 def _opmath_scalar_operands(gm: torch.fx.GraphModule) -> None:
