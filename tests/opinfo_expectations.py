@@ -112,6 +112,10 @@ def _table(pairs: list[tuple[str, Entry]]) -> dict[str, Entry]:
     return table
 
 
+_TIED_INTEGERS = "the index among tied integer values is unspecified (ATen's std::nth_element)"
+_TIED_BFLOAT16 = "the index among tied bfloat16 values is unspecified (ATen's std::nth_element)"
+
+
 def _deterministic_dropout(sample) -> bool:
     """Dropout-like ops draw nothing when p is 0 or outside training: then their values are eager's."""
     kwargs = sample.kwargs
@@ -214,8 +218,16 @@ ENTRIES: dict[str, Entry] = _table([
     ("bucketize", entry(xfail("capture", "AOTAutograd specializes a data-dependent size (GuardOnDataDependentSymNode)"))),
     # --- Ties: which index of equal values eager returns is unspecified (ATen's std::nth_element and
     # partial_sort); integer samples have many. The values match; the indices point at equal values.
-    *[(name, entry(xfail("mismatch", "the index among tied integer values is unspecified (ATen's std::nth_element)",
-                         dtypes=(torch.int64,)))) for name in ("kthvalue", "topk", "mode")],
+    # bfloat16 samples tie too (8 significant bits): topk and mode send a tied value's gradient elsewhere.
+    ("kthvalue", entry(xfail("mismatch", _TIED_INTEGERS, dtypes=(torch.int64,)))),
+    *[(name, entry(xfail("mismatch", _TIED_INTEGERS, dtypes=(torch.int64,)),
+                   xfail("mismatch", _TIED_BFLOAT16, dtypes=(torch.bfloat16,)),
+                   xfail("mismatch", _TIED_BFLOAT16 + ": their gradients land on other elements", kind="bwd",
+                         dtypes=(torch.bfloat16,)))) for name in ("topk", "mode")],
+    # --- Eager is wrong: ATen's float16 and bfloat16 matrix_exp returns NaN for any nonzero input (torch 2.13;
+    # float32 and float64 are right). Ours is the float64 result rounded.
+    ("matrix_exp", entry(*(xfail("mismatch", "eager's 16-bit matrix_exp returns NaN", kind=kind,
+                                 dtypes=(torch.float16, torch.bfloat16)) for kind in ("fwd", "bwd")))),
     # --- Complex numbers.
     *[(name, entry(*_complex_fwd())) for name in (
         "complex", "cfloat", "cdouble", "fft.fft", "fft.ifft", "fft.rfft", "fft.ihfft", "fft.rfft2", "fft.rfftn", "stft",
