@@ -1390,3 +1390,13 @@ def test_antialiased_interpolate_matches_eager(mode, call):
     on_ort = "scale_factor" not in call or call["scale_factor"] == 0.5  # 10 -> 5 and 14 -> 7: the sizes give 1/0.5
     on_ort = on_ort and not call.get("align_corners", False)
     assert (fallback_graphs() == []) == on_ort
+
+
+def test_topk_of_a_0d_tensor():
+    # ATen gives a 0-d tensor back with index 0; ONNX's TopK needs an axis, and the graph failed to load.
+    x = torch.tensor(3.5, requires_grad=True)
+    fn = lambda x: torch.topk(x, 1)  # noqa: E731
+    actual = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x)
+    expected = fn(x)
+    torch.testing.assert_close(tuple(actual), tuple(expected), rtol=0, atol=0)
+    torch.testing.assert_close(torch.autograd.grad(actual.values, x), torch.autograd.grad(expected.values, x))

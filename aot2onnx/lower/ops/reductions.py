@@ -815,3 +815,13 @@ def aten_prod(self, dtype: int = -1):
         if product is not None:
             return product
     return torchlib_core.aten_prod(self)
+
+
+@project_rule(aten.topk.default)
+def aten_topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+    """topk(Tensor self, int k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)"""
+    # ATen treats a 0-d tensor as one element: topk gives it back with index 0 (k 0 or 1). ONNX's TopK needs an
+    # axis, and the graph failed to load (it ran in PyTorch).
+    if self.shape is not None and len(self.shape) == 0:
+        return op.Identity(self), op.Constant(value=ir.tensor(np.array(0, dtype=np.int64)))
+    return torchlib_core.aten_topk(self, k, dim, largest, sorted)
