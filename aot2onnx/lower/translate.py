@@ -292,8 +292,8 @@ _OPMATH_SCALAR_OPS = (torch.ops.aten.mul.Tensor, torch.ops.aten.mul.Scalar, torc
 
 
 def _opmath_scalar_operands(gm: torch.fx.GraphModule) -> None:
-    """``x * s`` and ``x / s`` (true, floor or trunc) for a float16 or bfloat16 ``x`` and a scalar ``s`` (a Python number or a 0-d
-    tensor of another dtype), computed in float32 with ``s`` as a float32 and rounded once, as ATen's CPU
+    """``x * s`` and ``x / s`` (true, floor or trunc) for a float16 or bfloat16 ``x`` and a scalar ``s`` (a
+    Python number or a 0-d tensor of another dtype), computed in float32 with ``s`` as a float32 and rounded once, as ATen's CPU
     kernels do: they take the second operand of a reduced-precision mul or div, when it is a scalar, as its
     original value in float32 (``iter.original_scalar_value<opmath_t>``). The type promotion pass would round
     ``s`` to x's dtype first: ``x * 0.3`` in bfloat16 multiplied by 0.298828125, and 47% of the products

@@ -71,23 +71,20 @@ def _session(model: onnx.ModelProto, saved: str | None = None) -> tuple[Any, str
         return None, str(e)
 
 
-def _runs_through_casts(model: onnx.ModelProto) -> bool:
-    """Whether ONNX Runtime runs the one-node ``model`` (with float16 values) by casting around the node.
+def _more_casts(model: onnx.ModelProto, optimized_path: str) -> bool:
+    """Whether the session's own model of the one-node ``model`` (with float16 values), saved at
+    ``optimized_path``, runs the node by casting around it.
 
-    Its CPU provider has float16 kernels for few ops; for the others, a session inserts Casts to float32 and
-    back (InsertCastTransformer), so the session loads. It then drops a Cast to float16 that the graph makes
-    followed by one of its own back to float32 as a pair (RemoveDuplicateCastTransformer), so that rounding
-    is lost: ``t * x`` for a float32 0-d ``t`` and a float16 ``x``, which ATen rounds ``t`` for, multiplied
-    by the unrounded ``t`` (23% of the products off eager's). Such nodes are computed in float32 here, with
-    this module's explicit Casts, which ONNX Runtime keeps."""
-    with tempfile.TemporaryDirectory() as directory:
-        saved = os.path.join(directory, "optimized.onnx")
-        session, _ = _session(model, saved)
-        if session is None or not os.path.exists(saved):
-            return False
-        optimized = onnx.load(saved)
+    ONNX Runtime's CPU provider has float16 kernels for few ops; for the others, a session inserts Casts to
+    float32 and back (InsertCastTransformer), so the session loads. It then drops a Cast to float16 that the
+    graph makes followed by one of its own back to float32 as a pair (RemoveDuplicateCastTransformer), so that
+    rounding is lost: ``t * x`` for a float32 0-d ``t`` and a float16 ``x``, which ATen rounds ``t`` for,
+    multiplied by the unrounded ``t`` (23% of the products off eager's). Such nodes are computed in float32
+    here, with this module's explicit Casts, which ONNX Runtime keeps."""
+    if not os.path.exists(optimized_path):
+        return False
     casts = sum(n.op_type == "Cast" for n in model.graph.node)
-    return sum(n.op_type == "Cast" for n in optimized.graph.node) > casts
+    return sum(n.op_type == "Cast" for n in onnx.load(optimized_path).graph.node) > casts
 
 
 @functools.cache
@@ -121,12 +118,14 @@ def _runs(signature: bytes, opset: tuple[tuple[str, int], ...]) -> str:
     model = onnx.helper.make_model(
         graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opset], ir_version=10
     )
-    session, error = _session(model)
-    if session is None:
-        return "no kernel" if _NO_KERNEL.search(error) else "refused"
     float16 = any(v.type.tensor_type.elem_type == TensorProto.FLOAT16 for v in (*graph.input, *graph.output))
-    if float16 and _runs_through_casts(model):
-        return "no kernel"
+    with tempfile.TemporaryDirectory() as directory:
+        optimized_path = os.path.join(directory, "optimized.onnx") if float16 else None
+        session, error = _session(model, optimized_path)
+        if session is None:
+            return "no kernel" if _NO_KERNEL.search(error) else "refused"
+        if float16 and _more_casts(model, optimized_path):
+            return "no kernel"
     if shapes is not None:
         try:
             session.run(None, feeds)

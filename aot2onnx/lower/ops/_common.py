@@ -9,9 +9,13 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript import opset18 as op
 
-__all__ = ["FLOATS", "flat", "float64_constant", "fma", "linspace", "planes", "scatter_add_to_planes", "static_dim", "static_dims"]
+__all__ = [
+    "FLOATS", "INTEGERS", "cast", "flat", "float64_constant", "fma", "linspace", "opmath", "planes", "rounded_to",
+    "scatter_add_to_planes", "static_dim", "static_dims",
+]
 
 FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+INTEGERS = (ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64, ir.DataType.UINT8)
 
 
 def static_dim(value: ir.Value, dim: int) -> int | None:
@@ -44,6 +48,21 @@ def cast(x: ir.Value, dtype: ir.DataType) -> ir.Value:
 def float64_constant(value) -> ir.Value:
     """A float64 Constant of ``value`` (a number or an array): exact for any float32 or float64 number."""
     return op.Constant(value=ir.tensor(np.asarray(value, dtype=np.float64)))
+
+
+def rounded_to(value: ir.Value, dtype: ir.DataType) -> ir.Value:
+    """A float32 ``value`` rounded to the 16-bit ``dtype`` and read back as float32: a rounding step of ATen's
+    16-bit arithmetic inside a rule that otherwise computes in float32."""
+    return op.Cast(op.Cast(value, to=dtype), to=ir.DataType.FLOAT)
+
+
+def opmath(fn, *xs):
+    """``fn(*xs)`` in the dtype ATen's CPU kernels compute in: float32 for 16-bit floats, rounded once to
+    ``xs[0]``'s dtype, with float32 constants (``fn`` may read its inputs' dtype, as torch_lib's rules do to
+    make their constants)."""
+    if xs[0].dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        return op.CastLike(fn(*(cast(x, ir.DataType.FLOAT) for x in xs)), xs[0])
+    return fn(*xs)
 
 
 def fma(a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
@@ -81,16 +100,7 @@ def linspace(start: ir.Value, end: ir.Value, step: ir.Value, steps: int) -> ir.V
     base = op.Cast(op.Where(before_halfway, op.Expand(start, op.Shape(k)), op.Expand(end, op.Shape(k))), to=double)
     a = op.Cast(op.Where(before_halfway, step, op.Neg(step)), to=double)
     n = op.Where(before_halfway, k, op.Sub(float64_constant(float(steps - 1)), k))
-    # a * n exactly, as product + error: a split in two 26-bit halves whose products with n (< 2^26) are exact.
-    spread = op.Mul(a, float64_constant(134217729.0))
-    a_high = op.Sub(spread, op.Sub(spread, a))
-    product = op.Mul(a, n)
-    product_error = op.Add(op.Sub(op.Mul(a_high, n), product), op.Mul(op.Sub(a, a_high), n))
-    # base + product exactly, as sum + error.
-    total = op.Add(base, product)
-    back = op.Sub(total, base)
-    sum_error = op.Add(op.Sub(base, op.Sub(total, back)), op.Sub(product, back))
-    return op.Add(total, op.Add(sum_error, product_error))
+    return fma(a, n, base)  # n < 2^26 splits into itself and 0: the product error is exact
 
 
 def planes(x: ir.Value, spatial: int) -> ir.Value:

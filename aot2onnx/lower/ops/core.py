@@ -10,11 +10,10 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
-from aot2onnx.lower.ops._common import FLOATS, float64_constant, linspace, static_dim
+from aot2onnx.lower.ops._common import FLOATS, INTEGERS, float64_constant, linspace, static_dim
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
-_INTEGERS = (ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64, ir.DataType.UINT8)
 
 
 @project_rule(aten.scalar_tensor.default)
@@ -92,7 +91,7 @@ def aten_logspace(start, end, steps: int, base: float = 10.0, dtype: int = -1, l
     torch.logspace bit for bit on 1,350 random (start, end, steps, base) in float32, float64, float16 and
     bfloat16."""
     data_type = ir.DataType.FLOAT if dtype in (-1, None) else ir.DataType(dtype)
-    if data_type not in (*FLOATS, *_INTEGERS) or any(isinstance(v, (bool, complex)) for v in (start, end)):
+    if data_type not in (*FLOATS, *INTEGERS) or any(isinstance(v, (bool, complex)) for v in (start, end)):
         raise NotImplementedError(f"aot2onnx lowers logspace to real dtypes; got {data_type} ({start!r}, {end!r})")
     double = ir.DataType.DOUBLE
 

@@ -22,6 +22,7 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
+from aot2onnx.lower.ops._common import opmath
 from aot2onnx.lower.registry import project_rule
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -29,16 +30,15 @@ aten, prims = torch.ops.aten, torch.ops.prims
 __all__ = ["aten_addcdiv", "aten_addcmul", "aten_lerp_scalar", "prims_fma"]
 
 _FLOAT32_64 = (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+# ATen's 16-bit lerp, addcmul and addcdiv compute in float32, the scalar unrounded, and round once: each rule
+# runs its float32 branch on the inputs cast up (rounding the scalar to bfloat16 first put 33-43% of bfloat16
+# lerp and addcmul results off eager's).
 _HALVES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-
-
-def _constant(value, dtype: ir.DataType) -> ir.Value:
-    return op.Constant(value=ir.tensor(np.array(value, dtype=dtype.numpy())))
 
 
 def _scalar(value: float, like: ir.Value) -> ir.Value:
     """``value`` as a constant of ``like``'s dtype: ATen rounds a Python scalar to the tensor's dtype first."""
-    return _constant(value, like.dtype)
+    return op.Constant(value=ir.tensor(np.array(value, dtype=like.dtype.numpy())))
 
 
 @project_rule(prims.fma.default)
@@ -50,53 +50,43 @@ def prims_fma(a, b, c):
     return op.Add(op.Mul(a, b), c)
 
 
-def _opmath(self, *others):
-    """The tensors in the dtype ATen's kernel computes in (float32 for 16-bit floats: their lerp, addcmul and
-    addcdiv kernels compute in float32, the scalar unrounded, and round once), and the dtype to round to after,
-    or None. Rounding the scalar to bfloat16 first put 33-43% of bfloat16 lerp and addcmul results off."""
-    if self.dtype in _HALVES:
-        return (*(op.Cast(v, to=ir.DataType.FLOAT) for v in (self, *others)), ir.DataType.FLOAT), self.dtype
-    return (self, *others, self.dtype), None
-
-
-def _rounded(result, dtype):
-    return result if dtype is None else op.Cast(result, to=dtype)
-
-
 @project_rule(aten.lerp.Scalar)
 def aten_lerp_scalar(self, end, weight: float):
     """lerp.Scalar(Tensor self, Tensor end, Scalar weight) -> Tensor"""
-    if self.dtype not in (*_FLOAT32_64, *_HALVES) or not isinstance(weight, (int, float)):
+    if self.dtype in _HALVES and isinstance(weight, (int, float)):
+        return opmath(lambda a, b: aten_lerp_scalar(a, b, weight), self, end)
+    if self.dtype not in _FLOAT32_64 or not isinstance(weight, (int, float)):
         return torchlib_core.aten_lerp(self, end, weight)
     # ATen's formula (ATen/native/Lerp.h) in the tensor's dtype, with its branch chosen here: the weight is
     # a constant. torch_lib computed both branches and a Where per element, and picked by weight < 0.5
     # where ATen takes |weight| < 0.5.
-    (a, b, dtype), out = _opmath(self, end)
-    w = np.array(weight, dtype=dtype.numpy())
-    diff = op.Sub(b, a)
+    w = np.array(weight, dtype=self.dtype.numpy())
+    diff = op.Sub(end, self)
     if abs(w) < 0.5:
-        return _rounded(op.Add(a, op.Mul(_constant(w, dtype), diff)), out)
-    return _rounded(op.Sub(b, op.Mul(diff, _constant(np.array(1, dtype=w.dtype) - w, dtype))), out)
+        return op.Add(self, op.Mul(_scalar(w, self), diff))
+    return op.Sub(end, op.Mul(diff, _scalar(np.array(1, dtype=w.dtype) - w, self)))
 
 
 @project_rule(aten.addcmul.default)
 def aten_addcmul(self, tensor1, tensor2, value: float = 1.0):
     """addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor"""
-    if self.dtype not in (*_FLOAT32_64, *_HALVES) or not isinstance(value, (int, float)):
+    if self.dtype in _HALVES and isinstance(value, (int, float)):
+        return opmath(lambda a, t1, t2: aten_addcmul(a, t1, t2, value), self, tensor1, tensor2)
+    if self.dtype not in _FLOAT32_64 or not isinstance(value, (int, float)):
         return torchlib_core.aten_addcmul(self, tensor1, tensor2, value)
     # ATen: self + value * tensor1 * tensor2 (PointwiseOpsKernel.cpp), the product left to right.
-    (a, t1, t2, dtype), out = _opmath(self, tensor1, tensor2)
-    scaled = t1 if value == 1 else op.Mul(_constant(value, dtype), t1)
-    return _rounded(op.Add(a, op.Mul(scaled, t2)), out)
+    scaled = tensor1 if value == 1 else op.Mul(_scalar(value, self), tensor1)
+    return op.Add(self, op.Mul(scaled, tensor2))
 
 
 @project_rule(aten.addcdiv.default)
 def aten_addcdiv(self, tensor1, tensor2, value: float = 1.0):
     """addcdiv(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor"""
-    if self.dtype not in (*_FLOAT32_64, *_HALVES) or not isinstance(value, (int, float)):
+    if self.dtype in _HALVES and isinstance(value, (int, float)):
+        return opmath(lambda a, t1, t2: aten_addcdiv(a, t1, t2, value), self, tensor1, tensor2)
+    if self.dtype not in _FLOAT32_64 or not isinstance(value, (int, float)):
         return torchlib_core.aten_addcdiv(self, tensor1, tensor2, value)
     # ATen: self + value * tensor1 / tensor2, the value applied before the division (torch_lib divided
     # first, which rounds differently where value is not a power of two).
-    (a, t1, t2, dtype), out = _opmath(self, tensor1, tensor2)
-    scaled = t1 if value == 1 else op.Mul(_constant(value, dtype), t1)
-    return _rounded(op.Add(a, op.Div(scaled, t2)), out)
+    scaled = tensor1 if value == 1 else op.Mul(_scalar(value, self), tensor1)
+    return op.Add(self, op.Div(scaled, tensor2))

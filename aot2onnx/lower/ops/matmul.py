@@ -12,7 +12,7 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
-from aot2onnx.lower.ops._common import fma
+from aot2onnx.lower.ops._common import fma, rounded_to
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -28,10 +28,15 @@ def aten_mv(self, vec):
 @project_rule(aten.addmv.default)
 def aten_addmv(self, mat, vec, beta: float = 1.0, alpha: float = 1.0):
     """addmv(Tensor self, Tensor mat, Tensor vec, *, Scalar beta=1, Scalar alpha=1) -> Tensor"""
-    product = aten_mv(mat, vec)
+    return _beta_self_plus_alpha(self, aten_mv(mat, vec), beta, alpha)
+
+
+def _beta_self_plus_alpha(self, product, beta: float, alpha: float):
+    """``beta * self + alpha * product``, the scalars in the operands' dtypes; with beta 0, ATen ignores self,
+    NaN and inf included (torch_lib's ``self * 0`` made an inf NaN)."""
     if alpha != 1:
         product = op.Mul(product, op.CastLike(alpha, product))
-    if beta == 0:  # ATen ignores self then, NaN included
+    if beta == 0:
         return product
     return op.Add(op.Mul(self, op.CastLike(beta, self)) if beta != 1 else self, product)
 
@@ -53,11 +58,7 @@ def aten_addbmm(self, batch1, batch2, beta: float = 1.0, alpha: float = 1.0):
     if self.dtype not in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) or not isinstance(batches, int) or not (
             0 < batches <= _ADDBMM_UNROLLED):
         product = op.ReduceSum(op.MatMul(batch1, batch2), op.Constant(value_ints=[0]), keepdims=0)
-        if alpha != 1:
-            product = op.Mul(product, op.CastLike(alpha, product))
-        if beta == 0:  # ATen ignores self then, NaN included (torch_lib's self * 0 made inf NaN)
-            return product
-        return op.Add(op.Mul(self, op.CastLike(beta, self)) if beta != 1 else self, product)
+        return _beta_self_plus_alpha(self, product, beta, alpha)
     dtype, f = self.dtype, ir.DataType.FLOAT
     a, b = op.Cast(batch1, to=f), op.Cast(batch2, to=f)
     result = None if beta == 0 else op.Cast(self, to=f)  # beta 0: ATen ignores self, NaN included
@@ -69,7 +70,7 @@ def aten_addbmm(self, batch1, batch2, beta: float = 1.0, alpha: float = 1.0):
         if result is not None:
             scaled = op.Mul(result, op.Constant(value_float=float(beta))) if i == 0 and beta != 1 else result
             product = op.Add(scaled, product)
-        result = op.Cast(op.Cast(product, to=dtype), to=f)
+        result = rounded_to(product, dtype)
     return op.Cast(result, to=dtype)
 
 
@@ -95,15 +96,12 @@ def aten_addr(self, vec1, vec2, beta: float = 1.0, alpha: float = 1.0):
     if dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
         f = ir.DataType.FLOAT
 
-        def rounded(v):
-            return op.Cast(op.Cast(v, to=dtype), to=f)
-
         def scalar(v):  # the Scalar as scalar_t, then float
-            return op.Cast(op.Cast(op.Constant(value_float=float(v)), to=dtype), to=f)
+            return rounded_to(op.Constant(value_float=float(v)), dtype)
 
-        outer = rounded(op.Mul(rounded(op.Mul(scalar(alpha), op.Cast(rows, to=f))), op.Cast(vec2, to=f)))
+        outer = rounded_to(op.Mul(rounded_to(op.Mul(scalar(alpha), op.Cast(rows, to=f)), dtype), op.Cast(vec2, to=f)), dtype)
         if beta != 0:
-            outer = op.Add(rounded(op.Mul(op.Cast(self, to=f), scalar(beta))), outer)
+            outer = op.Add(rounded_to(op.Mul(op.Cast(self, to=f), scalar(beta)), dtype), outer)
         return op.Expand(op.Cast(outer, to=dtype), op.Shape(outer))
     scaled_rows = op.Mul(op.CastLike(alpha, rows), rows)
     if beta == 0:
@@ -131,9 +129,5 @@ def aten_baddbmm(self, batch1, batch2, beta: float = 1.0, alpha: float = 1.0):
     half = dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
     if half:
         self, batch1, batch2 = (op.Cast(v, to=ir.DataType.FLOAT) for v in (self, batch1, batch2))
-    product = op.MatMul(batch1, batch2)
-    if alpha != 1:
-        product = op.Mul(product, op.CastLike(alpha, product))
-    if beta != 0:
-        product = op.Add(op.Mul(self, op.CastLike(beta, self)) if beta != 1 else self, product)
-    return op.Cast(product, to=dtype) if half else product
+    result = _beta_self_plus_alpha(self, op.MatMul(batch1, batch2), beta, alpha)
+    return op.Cast(result, to=dtype) if half else result

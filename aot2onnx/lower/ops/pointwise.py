@@ -15,7 +15,8 @@ from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
 
-from aot2onnx.lower.ops._common import cast, static_dims
+from aot2onnx.lower.ops._common import INTEGERS, cast, rounded_to, static_dims
+from aot2onnx.lower.ops._common import opmath as _opmath
 from aot2onnx.lower.ops._control import cond, loop
 from aot2onnx.lower.registry import project_rule
 
@@ -453,22 +454,6 @@ def aten_hardswish_backward(grad_output, self):
 _HALVES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
-def _opmath(fn, *xs):
-    """``fn(*xs)`` in the dtype ATen's CPU kernels compute in: float32 for 16-bit floats."""
-    if xs[0].dtype in _HALVES:
-        return op.CastLike(fn(*(op.Cast(x, to=ir.DataType.FLOAT) for x in xs)), xs[0])
-    return fn(*xs)
-
-
-def _in_float32(fn, *xs):
-    """``fn(*xs)`` computed in float32 and rounded once to the 16-bit dtype of ``xs[0]``, as ATen's CPU kernels
-    compute a float16 or bfloat16 op: with float32 constants. ``fn`` may read its inputs' dtype (torch_lib's
-    rules make their constants in it): under mixed precision alone, a GELU's 1/sqrt(2) and a softplus's beta
-    were rounded to bfloat16 first, and 5% (GELU) to half (softplus, tanh GELU) of the bfloat16 results were
-    an ulp or more off eager's."""
-    return op.Cast(fn(*(cast(x, ir.DataType.FLOAT) for x in xs)), to=xs[0].dtype)
-
-
 def _one_plus_exp_neg(x):
     return op.Add(op.CastLike(1.0, x), op.Exp(op.Neg(x)))
 
@@ -507,12 +492,9 @@ def aten_sigmoid_backward(grad_output, output):
     # float16 kernel rounds after every operation (its vector arithmetic in float16; bfloat16 has a float32
     # path): computed once in float32, 30% of float16 gradients were off.
     if output.dtype == ir.DataType.FLOAT16:
-        def rounded(v):
-            return op.Cast(op.Cast(v, to=ir.DataType.FLOAT16), to=ir.DataType.FLOAT)
-
         g, y = cast(grad_output, ir.DataType.FLOAT), cast(output, ir.DataType.FLOAT)
-        complement = rounded(op.Sub(op.Constant(value_float=1.0), y))
-        return op.Cast(op.Mul(rounded(op.Mul(g, complement)), y), to=ir.DataType.FLOAT16)
+        complement = rounded_to(op.Sub(op.Constant(value_float=1.0), y), output.dtype)
+        return op.Cast(op.Mul(rounded_to(op.Mul(g, complement), output.dtype), y), to=output.dtype)
     return _opmath(lambda g, y: op.Mul(op.Mul(g, op.Sub(op.CastLike(1.0, y), y)), y), grad_output, output)
 
 
@@ -604,7 +586,7 @@ def aten_celu(self, alpha: float = 1.0):
 def aten_softplus(self, beta: float = 1.0, threshold: float = 20.0):
     """softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor"""
     if self.dtype in _HALVES:
-        return _in_float32(lambda x: torchlib_nn.aten_softplus(x, beta, threshold), self)
+        return _opmath(lambda x: torchlib_nn.aten_softplus(x, beta, threshold), self)
     if self.dtype != ir.DataType.DOUBLE:
         return torchlib_nn.aten_softplus(self, beta, threshold)
     # ATen: x * beta > threshold ? x : log1p(exp(x * beta)) / beta. The x side is Where's first operand: it is
@@ -669,10 +651,10 @@ def aten_pow_tensor_scalar(self, exponent):
         # in float32, 22% of bfloat16 cubes (the gradient of rsqrt reads one) were off eager's.
         if self.dtype == ir.DataType.BFLOAT16 and exponent in (3.0, -2.0):
             x = cast(self, ir.DataType.FLOAT)
-            square = op.Cast(op.Cast(op.Mul(x, x), to=self.dtype), to=ir.DataType.FLOAT)
+            square = rounded_to(op.Mul(x, x), self.dtype)
             return op.Cast(op.Mul(square, x) if exponent == 3.0 else _reciprocal(square), to=self.dtype)
-        return _in_float32(_POW_AS_ATEN[exponent], self)
-    if self.dtype in _INTEGERS and isinstance(exponent, int) and not isinstance(exponent, bool):
+        return _opmath(_POW_AS_ATEN[exponent], self)
+    if self.dtype in INTEGERS and isinstance(exponent, int) and not isinstance(exponent, bool):
         # ATen casts the exponent to the tensor's dtype (wrapping), then squares and multiplies.
         exponent = int(np.array(exponent).astype(self.dtype.numpy()))
         return _integer_power(self, op.Constant(value=ir.tensor(np.array(exponent, dtype=self.dtype.numpy()))),
@@ -683,7 +665,7 @@ def aten_pow_tensor_scalar(self, exponent):
 @project_rule(aten.pow.Tensor_Tensor)
 def aten_pow_tensor_tensor(self, exponent):
     """pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor"""
-    if self.dtype in _INTEGERS and exponent.dtype == self.dtype:
+    if self.dtype in INTEGERS and exponent.dtype == self.dtype:
         return _integer_power(self, exponent, self.dtype)
     return torchlib_core.aten_pow(self, exponent)
 
@@ -691,13 +673,12 @@ def aten_pow_tensor_tensor(self, exponent):
 @project_rule(aten.pow.Scalar)
 def aten_pow_scalar(self, exponent):
     """pow.Scalar(Scalar self, Tensor exponent) -> Tensor"""
-    if exponent.dtype in _INTEGERS and isinstance(self, int) and not isinstance(self, bool):
+    if exponent.dtype in INTEGERS and isinstance(self, int) and not isinstance(self, bool):
         base = op.Constant(value=ir.tensor(np.array(self).astype(exponent.dtype.numpy())))
         return _integer_power(base, exponent, exponent.dtype)
     return torchlib_core.aten_pow_scalar(self, exponent)
 
 
-_INTEGERS = (ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64, ir.DataType.UINT8)
 
 
 def _integer_power(base: ir.Value, exponent: ir.Value, dtype: ir.DataType, max_exponent: int | None = None):
@@ -1289,10 +1270,8 @@ def aten_linalg_cross(self, other, dim: int = -1):
             exact = op.Mul(op.Cast(p[0], to=double), op.Cast(p[1], to=double))  # 48 bits: exact in double
             return op.Cast(op.Sub(exact, op.Cast(op.Mul(*q), to=double)), to=dtype)
         if dtype in _HALVES:
-            def rounded(v):
-                return op.Cast(op.Cast(v, to=dtype), to=ir.DataType.FLOAT)
             f = [[op.Cast(v, to=ir.DataType.FLOAT) for v in pair] for pair in (p, q)]
-            return op.Cast(op.Sub(rounded(op.Mul(*f[0])), rounded(op.Mul(*f[1]))), to=dtype)
+            return op.Cast(op.Sub(rounded_to(op.Mul(*f[0]), dtype), rounded_to(op.Mul(*f[1]), dtype)), to=dtype)
         return op.Sub(op.Mul(*p), op.Mul(*q))
 
     return op.Concat(*(component(i) for i in range(3)), axis=dim)
@@ -1301,15 +1280,13 @@ def aten_linalg_cross(self, other, dim: int = -1):
 @project_rule(aten.gelu.default)
 def aten_gelu(self, approximate: str = "none"):
     """gelu(Tensor self, *, str approximate='none') -> Tensor"""
-    if self.dtype in _HALVES:
-        return _in_float32(lambda x: torchlib_nn.aten_gelu(x, approximate), self)
-    return torchlib_nn.aten_gelu(self, approximate)
+    # 16-bit: in float32 with float32 constants (torch_lib's made 1/sqrt(2) in the input's dtype: 5% of bfloat16
+    # GELUs, 30% of tanh ones, were off eager's).
+    return _opmath(lambda x: torchlib_nn.aten_gelu(x, approximate), self)
 
 
 @project_rule(aten.reciprocal.default)
 def aten_reciprocal(self):
     """reciprocal(Tensor self) -> Tensor"""
     # ONNX Runtime's float16 Reciprocal is off eager's correctly rounded 1 / x in a quarter of the values.
-    if self.dtype in _HALVES:
-        return _in_float32(op.Reciprocal, self)
-    return op.Reciprocal(self)
+    return _opmath(op.Reciprocal, self)
