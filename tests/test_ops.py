@@ -1269,6 +1269,36 @@ def test_svd_u_is_orthonormal_where_singular_values_are_zero(case, dtype):
     torch.testing.assert_close(s, svd(a)[1], rtol=0, atol=tol)
 
 
+# full_matrices=True on a non-square matrix was refused (NotImplementedError: the graph ran in PyTorch): U or
+# Vh is now completed to an orthonormal basis. The added columns, like the singular vectors' signs, are a
+# choice LAPACK does not specify either; U_k @ Vh_k, S, the reconstruction and the gradients through them are
+# eager's.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (2, 6, 4), (2, 4, 6), (7, 1), (1, 7), (4, 4)])
+def test_full_svd_of_a_non_square_matrix(shape, dtype):
+    a = torch.randn(shape, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    m, n = shape[-2:]
+    k = min(m, n)
+
+    def svd(t):
+        u, s, vh = torch.linalg.svd(t, full_matrices=True)
+        return u, s, vh, u[..., :k] @ vh[..., :k, :]
+
+    torch._dynamo.reset()
+    u, s, vh, product = torch.compile(svd, backend=aot2onnx.backend(fallback=False))(a)
+    expected = svd(a)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert u.shape == expected[0].shape and vh.shape == expected[2].shape
+    torch.testing.assert_close(u.mT @ u, torch.eye(m, dtype=dtype).expand_as(u.mT @ u), rtol=0, atol=tol)
+    torch.testing.assert_close(vh @ vh.mT, torch.eye(n, dtype=dtype).expand_as(vh @ vh.mT), rtol=0, atol=tol)
+    sigma = torch.zeros(shape, dtype=dtype)
+    sigma[..., range(k), range(k)] = s
+    torch.testing.assert_close(u @ sigma @ vh, a, rtol=0, atol=tol * 4)
+    torch.testing.assert_close((s, product), (expected[1], expected[3]), rtol=0, atol=tol * 4)
+    # gradients through what the SVD determines
+    _check_fn(lambda t: (lambda r: (r[1], r[3]))(svd(t)), a)
+
+
 @pytest.mark.parametrize("ord", ["nuc", 2, -2])
 def test_matrix_norm_subgradient_at_zero_is_eagers(ord):
     # A subgradient, fixed by the SVD's choice of U and V there: LAPACK's identities, and now the rule's.

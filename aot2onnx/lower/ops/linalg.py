@@ -718,8 +718,6 @@ def _svd(a: M):
 def aten__linalg_svd(A, full_matrices: bool = False, compute_uv: bool = True, driver: str | None = None):
     """_linalg_svd(Tensor A, bool full_matrices=False, bool compute_uv=True, *, str? driver=None) -> (Tensor U, Tensor S, Tensor Vh)"""
     a = M.of(A)
-    if compute_uv and full_matrices and a.rows != a.cols:
-        raise NotImplementedError("full_matrices=True for a non-square matrix (the basis completion)")
     if min(a.rows, a.cols) == 0:
         batch = op.Shape(A, end=-2)
         k = 0
@@ -732,7 +730,22 @@ def aten__linalg_svd(A, full_matrices: bool = False, compute_uv: bool = True, dr
     if not compute_uv:
         empty = op.CastLike(op.ConstantOfShape(_ints([0])), A)
         return empty, op.CastLike(s, A), op.Identity(empty)
+    if full_matrices:
+        u, v = _square_basis(u), _square_basis(v)
     return u.out(A), op.CastLike(s, A), v.T.out(A)
+
+
+def _square_basis(q: M) -> M:
+    """q [..., m, k] with orthonormal columns, k <= m, completed to an orthonormal basis [..., m, m]: the
+    columns full_matrices=True adds to the non-square side of an SVD. They span the orthogonal complement of
+    q's, and which basis of it is as arbitrary as the singular vectors' signs (LAPACK's own is not specified);
+    here the standard basis vectors least covered by q, orthogonalized (``_orthonormal_completion``)."""
+    m, k = q.rows, q.cols
+    if m == k:
+        return q
+    zeros = op.Expand(float64_constant(0.0), op.Concat(op.Shape(q.v, end=-2), _ints([m, m - k]), axis=0))
+    padded = q.like(op.Concat(q.v, zeros, axis=-1), m, m)
+    return _orthonormal_completion(padded, op.Constant(value=ir.tensor(np.arange(m) >= k)))
 
 
 @project_rule(aten.linalg_pinv.atol_rtol_tensor)
