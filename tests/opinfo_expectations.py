@@ -232,8 +232,12 @@ ENTRIES: dict[str, Entry] = _table([
                                                                ("mode", (torch.bfloat16, torch.float16)))],
     # --- Eager is wrong: ATen's float16 and bfloat16 matrix_exp returns NaN for any nonzero input (torch 2.13;
     # float32 and float64 are right). Ours is the float64 result rounded.
+    # In float32, over the slow sweep's [5, 5, 5] sample of column sums up to 28, eager's own error is up to
+    # 0.05 against float64's matrix_exp; ours, computed in float64 and rounded, is 0.0018 off it (one element of
+    # 125 differs from eager by 3.5e-4, relative 2.4e-3): the float32 tolerance covers eager's error.
     ("matrix_exp", entry(*(xfail("mismatch", "eager's 16-bit matrix_exp returns NaN", kind=kind,
-                                 dtypes=(torch.float16, torch.bfloat16)) for kind in ("fwd", "bwd")))),
+                                 dtypes=(torch.float16, torch.bfloat16)) for kind in ("fwd", "bwd")),
+                         tol={torch.float32: (3e-3, 1e-5)})),
     # --- Complex numbers.
     *[(name, entry(*_complex_fwd())) for name in (
         "complex", "cfloat", "cdouble", "fft.fft", "fft.ifft", "fft.rfft", "fft.ihfft", "fft.rfft2", "fft.rfftn", "stft",

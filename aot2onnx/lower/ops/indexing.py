@@ -189,10 +189,12 @@ def aten_embedding_bag(weight, indices, offsets, scale_grad_by_freq: bool = Fals
     # gradient, and every gradient with a padding_idx, came out wrong. The bags stay torch_lib's; the other
     # three are ATen's CPU values, in the shapes of its meta function.
     _refuse_negative(indices, "embedding_bag")
-    output = torchlib_core.aten_embedding_bag_padding_idx(
-        weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset,
-        padding_idx if padding_idx >= 0 else None,
-    )[0]
+    double = weight.dtype == ir.DataType.DOUBLE
+    if not double:
+        output = torchlib_core.aten_embedding_bag_padding_idx(
+            weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset,
+            padding_idx if padding_idx >= 0 else None,
+        )[0]
     i64 = ir.DataType.INT64
     zero, one = op.Constant(value_ints=[0]), op.Constant(value_ints=[1])
     index, bounds = op.Cast(indices, to=i64), op.Cast(offsets, to=i64)
@@ -211,7 +213,12 @@ def aten_embedding_bag(weight, indices, offsets, scale_grad_by_freq: bool = Fals
     else:
         before = op.Concat(zero, op.CumSum(op.Cast(kept, to=i64), op.Constant(value_int=0)), axis=0)
         bag_size = op.Sub(op.Gather(before, ends), op.Gather(before, starts))
-    if mode == _MAX:
+    position = None
+    if double:
+        output, position = _bags(weight, index, offset2bag, kept, bag_size, mode, per_sample_weights)
+    if mode == _MAX and position is not None:
+        max_indices = op.Gather(op.Concat(index, zero, axis=0), position, axis=0)
+    elif mode == _MAX:
         # The first index in the bag (a padding index never) whose row holds the bag's maximum, per column;
         # 0 for an empty bag. Positions are compared, n stands for none.
         rows = op.Gather(weight, index, axis=0)
@@ -232,6 +239,50 @@ def aten_embedding_bag(weight, indices, offsets, scale_grad_by_freq: bool = Fals
             # ATen's fast path for sums leaves offset2bag empty (its backward makes its own).
             offset2bag = op.Slice(offset2bag, zero, zero)
     return (output, *(op.CastLike(x, offsets) for x in (offset2bag, bag_size, max_indices)))
+
+
+def _bags(weight, index, offset2bag, kept, bag_size, mode: int, per_sample_weights):
+    """embedding_bag's bags [B, D] as ATen's CPU loop computes them, in weight's dtype, and for a max the
+    position (into index, n for an empty bag) each element came from. torch_lib's rule computes in float32
+    (its Loop's sequence, for an ONNX Runtime bug), which rounded every float64 bag: this is for float64.
+
+    Sums add each bag's rows (times their per_sample_weights) in index order onto zeros; a mean divides by
+    max(bag size, 1). A max starts from the bag's first row and takes a strictly greater value: a NaN first
+    stays, a later NaN never counts, and of equal values (-0.0 and 0.0) the first stays. padding_idx's rows
+    are left out; an empty bag is 0."""
+    one, zero = op.Constant(value_ints=[1]), op.Constant(value_ints=[0])
+    count = op.Shape(bag_size)  # [B]
+    n = op.Shape(index)
+    rows = op.Gather(weight, index, axis=0)  # [n, D]
+    if per_sample_weights is not None:
+        rows = op.Mul(rows, op.Unsqueeze(op.CastLike(per_sample_weights, weight), one))
+    # Rows of padding_idx go to an extra bag B, dropped at the end.
+    target = offset2bag if kept is None else op.Where(kept, offset2bag, op.Squeeze(count))
+    slots = op.Concat(op.Add(count, one), op.Shape(weight, start=1), axis=0)  # [B + 1, D]
+    if mode != _MAX:
+        bags = op.ScatterND(op.CastLike(op.ConstantOfShape(slots), weight), op.Unsqueeze(target, one), rows,
+                            reduction="add")
+        bags = op.Slice(bags, zero, count)
+        if mode == _MEAN:
+            bags = op.Div(bags, op.CastLike(op.Unsqueeze(op.Max(bag_size, op.Constant(value_int=1)), one), weight))
+        return bags, None
+    positions = op.Range(op.Constant(value_int=0), op.Squeeze(n), op.Constant(value_int=1))
+    zero_row = op.CastLike(op.ConstantOfShape(op.Concat(one, op.Shape(weight, start=1), axis=0)), weight)
+    with_zeros = op.Concat(rows, zero_row, axis=0)  # row n: an empty bag's zeros
+    first = op.ScatterElements(op.Expand(n, op.Add(count, one)), target, positions, reduction="min")  # [B + 1]
+    # The largest value, NaN left out (ONNX Runtime's max takes a NaN update), from the first row on.
+    comparable = op.Where(op.IsNaN(rows), op.CastLike(float("-inf"), weight), rows)
+    start = op.Gather(op.Concat(comparable, zero_row, axis=0), first, axis=0)
+    largest = op.ScatterND(start, op.Unsqueeze(target, one), comparable, reduction="max")
+    # Where it first occurs, and its own value there (the sign of a zero).
+    hit = op.Equal(comparable, op.Gather(largest, target, axis=0))
+    where = op.Where(hit, op.Unsqueeze(positions, one), n)
+    position = op.ScatterND(op.Expand(n, slots), op.Unsqueeze(target, one), where, reduction="min")
+    first_row = op.Gather(with_zeros, first, axis=0)
+    nan_first = op.IsNaN(first_row)
+    position = op.Where(nan_first, op.Unsqueeze(first, one), position)
+    bags = op.GatherElements(with_zeros, position, axis=0)
+    return op.Slice(bags, zero, count), op.Slice(position, zero, count)
 
 
 @project_rule(aten._embedding_bag_forward_only.default)
