@@ -539,6 +539,22 @@ def test_lgamma_of_tiny_negative_values(dtype):
     _check(torch.lgamma, x.to(dtype), dtype=dtype, ulps=8, grad=False)
 
 
+def test_float64_lgamma_of_subnormal_values():
+    # pi * x lost the bits a subnormal x lacks: lgamma(5e-324) was 744.486, eager 744.440.
+    x = torch.tensor([5e-324, -5e-324, 1e-323, 1e-320, -1e-318, 1e-315, 2.2e-308, 1e-9, -1e-9], dtype=torch.float64)
+    _check(torch.lgamma, x, dtype=torch.float64, ulps=8, grad=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64])
+def test_isinf_of_values_beyond_float32(dtype):
+    # torch_lib cast to float32 first: float64 isinf(1e300) and isneginf(-1e300) were True.
+    values = [1e300, -1e300, 3.5e38, -3.5e38, INF, -INF, NAN, 1.0, -0.0] if dtype.is_floating_point else [1, -5, 0]
+    x = torch.tensor(values, dtype=torch.float64).to(dtype)
+    for fn in (torch.isinf, torch.isposinf, torch.isneginf):
+        torch._dynamo.reset()
+        assert torch.equal(torch.compile(fn, backend="aot2onnx", fullgraph=True)(x), fn(x)), (fn.__name__, dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_zeta_where_aten_decides_without_summing(dtype):
     """zeta(x, q) in ATen's order of checks (zeta(0, 0) is NaN: x < 1 before q's pole), beside a q of -3e38,

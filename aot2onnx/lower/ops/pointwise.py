@@ -834,6 +834,34 @@ def aten_isnan(self):
     return op.Expand(op.Constant(value=ir.tensor(False)), op.Shape(self))
 
 
+def _infinite(self, negative: bool = True, positive: bool = True):
+    """IsInf of the value itself. torch_lib casts to float32 first, where a float64 number beyond float32's
+    range overflows: isinf(1e300) was True, isneginf(-1e300) too. 16-bit values widen to float32 exactly
+    (ONNX Runtime's IsInf takes float and double at opset 18); no integer is infinite."""
+    if self.dtype not in _FLOATS:
+        return op.Expand(op.Constant(value=ir.tensor(False)), op.Shape(self))
+    x = self if self.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) else op.Cast(self, to=ir.DataType.FLOAT)
+    return op.IsInf(x, detect_negative=int(negative), detect_positive=int(positive))
+
+
+@project_rule(aten.isinf.default)
+def aten_isinf(self):
+    """isinf(Tensor self) -> Tensor"""
+    return _infinite(self)
+
+
+@project_rule(aten.isneginf.default)
+def aten_isneginf(self):
+    """isneginf(Tensor self) -> Tensor"""
+    return _infinite(self, positive=False)
+
+
+@project_rule(aten.isposinf.default)
+def aten_isposinf(self):
+    """isposinf(Tensor self) -> Tensor"""
+    return _infinite(self, negative=False)
+
+
 @project_rule(aten.isfinite.default)
 def aten_isfinite(self):
     """isfinite(Tensor self) -> Tensor"""

@@ -273,7 +273,11 @@ def lgamma(x: D) -> D:
     # Reflection for x < 0.5: lgamma(x) = log(pi / |sin(pi x)|) - lgamma(1 - x); poles at 0, -1, -2, ...
     # |sin(pi x)| is |sin(pi r)| for r = x less its nearest integer, exact in float64: with x - floor(x)
     # instead, a tiny negative x was lost against 1 (float32 lgamma(-1e-30) was inf, eager 69.08).
-    reflected = math.log(math.pi) - log(fabs(sin(math.pi * (x - nearest(x))))) - _lgamma_positive(1.0 - x)
+    # Where |r| < 1e-8, log|sin(pi r)| is log(pi) + log|r| to double precision, and pi * r itself would lose
+    # the bits a subnormal r lacks (float64 lgamma(5e-324) was 744.486, eager 744.440).
+    r = x - nearest(x)
+    log_sine = where(fabs(r) < 1e-8, math.log(math.pi) + log(fabs(r)), log(fabs(sin(math.pi * r))))
+    reflected = math.log(math.pi) - log_sine - _lgamma_positive(1.0 - x)
     result = where(x < 0.5, reflected, _lgamma_positive(where(x < 0.5, 1.0, x)))
     # lgamma(1) and lgamma(2) are exactly 0 in ATen; the series leaves about 1e-15 there.
     result = where(either(x.eq(1.0), x.eq(2.0)), 0.0, result)
