@@ -1465,3 +1465,41 @@ def test_topk_of_a_0d_tensor():
     expected = fn(x)
     torch.testing.assert_close(tuple(actual), tuple(expected), rtol=0, atol=0)
     torch.testing.assert_close(torch.autograd.grad(actual.values, x), torch.autograd.grad(expected.values, x))
+
+
+# torch_lib's diagonal multiplied the matrix by an identity mask and summed each row: an inf or NaN off the
+# diagonal made torch.diag and trace NaN, a -0.0 on it became 0.0, and int64 entries past 2^53 lost their low
+# bits. ONNX Runtime's int64 ReduceSum goes through double, so int64 sums past 2^53 lost them too.
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_diagonal_and_trace_read_the_diagonal_only(dynamic):
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([[1.0, inf, 2.0], [nan, -0.0, -inf], [4.0, 5.0, 6.0]])
+    x = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    big = torch.tensor([[2**60 + 1, 5, 7], [3, 2**60 + 7, 9]], dtype=torch.int64)
+
+    def fn(a, x, big):
+        return (torch.diag(a), a.trace(), torch.diag(a, 1), torch.diag(a, -2), torch.diag(a, 4), x.diagonal(1, 3, 1) * 2,
+                x.diagonal(-2, -1, 0) + 1, torch.diag(big), big.trace(), torch.diag(a.isnan()))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aot2onnx.backend(fallback=False), dynamic=dynamic)(a, x, big)
+    for i, (c, e) in enumerate(zip(compiled, fn(a, x, big))):
+        torch.testing.assert_close(c, e, rtol=0, atol=0, equal_nan=True, msg=lambda m, i=i: f"output {i}: {m}")
+        if c.is_floating_point():
+            assert torch.equal(c.signbit(), e.signbit()), f"output {i}: zero signs"
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_int64_sums_are_exact(dynamic):
+    big = 2**60
+    a = torch.tensor([[big + 1, big + 3, -big - 5, 7, big + 2, 2**53 + 1], [big] * 6], dtype=torch.int64)
+    m = torch.randint(-2**62, 2**62, (3, 4, 5), generator=torch.Generator().manual_seed(0), dtype=torch.int64)
+
+    def fn(a, m):
+        return (a.sum(1), a.sum(0), a.sum(), m.sum((0, 2), keepdim=True), m.sum((2, 0)), m.sum(-1), m[:, :0].sum(1),
+                m.int().sum(1), (m > 0).sum(), m.int().sum(1, dtype=torch.int64))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aot2onnx.backend(fallback=False), dynamic=dynamic)(a, m)
+    for i, (c, e) in enumerate(zip(compiled, fn(a, m))):
+        assert c.dtype == e.dtype and torch.equal(c, e), f"output {i}: {c} != {e}"

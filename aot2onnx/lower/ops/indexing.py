@@ -130,6 +130,27 @@ def aten_searchsorted_scalar(sorted_sequence, self, out_int32: bool = False, rig
     return positions
 
 
+@project_rule(aten.diagonal.default)
+@project_rule(aten.diagonal_copy.default)
+def aten_diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1):
+    """diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)
+
+    The diagonal gathered from the two dims laid out last. torch_lib's rule multiplied the matrix by an
+    identity mask and summed each row: any inf or NaN off the diagonal made the diagonal NaN (torch.diag and
+    trace of [[1, inf], [nan, 3]] were NaN, eager [1, 3] and 4), a -0.0 on it became 0.0, and int64 entries
+    past 2^53 lost their low bits (ONNX Runtime's int64 ReduceSum goes through double)."""
+    rank = len(self.shape)
+    dim1, dim2 = dim1 % rank, dim2 % rank
+    x = op.Transpose(self, perm=[d for d in range(rank) if d not in (dim1, dim2)] + [dim1, dim2])  # [..., R, C]
+    rows, cols = op.Shape(x, start=-2, end=-1), op.Shape(x, start=-1)
+    first_row, first_col = op.Constant(value_ints=[max(-offset, 0)]), op.Constant(value_ints=[max(offset, 0)])
+    length = op.Max(op.Min(op.Sub(rows, first_row), op.Sub(cols, first_col)), op.Constant(value_ints=[0]))
+    k = op.Range(op.Constant(value_int=0), op.Squeeze(length), op.Constant(value_int=1))
+    index = op.Add(op.Mul(op.Add(k, first_row), cols), op.Add(k, first_col))  # into the flattened R x C
+    matrices = op.Reshape(x, op.Concat(op.Shape(x, end=-2), op.Mul(rows, cols), axis=0), allowzero=1)
+    return op.Gather(matrices, index, axis=-1)
+
+
 @project_rule(aten.diagonal_scatter.default)
 def aten_diagonal_scatter(self, src, offset: int = 0, dim1: int = 0, dim2: int = 1):
     """diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, int dim2=1) -> Tensor"""

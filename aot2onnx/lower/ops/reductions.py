@@ -83,7 +83,43 @@ def aten_sum_dim_intlist(self, dim: Sequence[int] | None = None, keepdim: bool =
         ones = op.ConstantOfShape(op.Constant(value_ints=[1, rows]), value=ir.tensor([1], dtype=self.dtype))
         total = op.MatMul(ones, op.Reshape(self, op.Constant(value_ints=[rows, math.prod(rest)]), allowzero=1))
         return op.Reshape(total, op.Constant(value_ints=[1] * lead + rest if keepdim else rest), allowzero=1)
+    integer = self.dtype is not None and (self.dtype.is_integer() or self.dtype == ir.DataType.BOOL)
+    if shape is not None and (dtype == ir.DataType.INT64 or (dtype in (-1, None) and integer)):
+        return _integer_sum(op.Cast(self, to=ir.DataType.INT64), axes, keepdim, rank)
     return torchlib_core.aten_sum_dim_IntList(self, dim, keepdim, dtype)
+
+
+@project_rule(aten.sum.default)
+def aten_sum(self, dtype: int = -1):
+    """sum(Tensor self, *, ScalarType? dtype=None) -> Tensor"""
+    integer = self.dtype is not None and (self.dtype.is_integer() or self.dtype == ir.DataType.BOOL)
+    if self.shape is not None and (dtype == ir.DataType.INT64 or (dtype in (-1, None) and integer)):
+        rank = len(self.shape)
+        return _integer_sum(op.Cast(self, to=ir.DataType.INT64), list(range(rank)), False, rank)
+    return torchlib_core.aten_sum(self, dtype)
+
+
+def _integer_sum(x, axes: list[int], keepdim: bool, rank: int):
+    """An int64 sum over ``axes``, exact and wrapping on overflow as ATen's: the last of a CumSum along the
+    reduced elements laid out last. ONNX Runtime's int64 ReduceSum goes through double: a sum past 2^53 lost
+    its low bits (2^60 + 1 + 2^60 + 3 + 7 gave ...952, eager ...963), with no warning."""
+    if rank == 0 or not axes:
+        return op.Identity(x)
+    kept = [d for d in range(rank) if d not in axes]
+    laid_out = op.Transpose(x, perm=kept + axes)
+    kept_shape = op.Shape(laid_out, end=len(kept))
+    count = op.ReduceProd(op.Shape(laid_out, start=len(kept)), keepdims=1)
+    rows = op.Reshape(laid_out, op.Concat(kept_shape, count, axis=0), allowzero=1)
+    # A 0 in front: an empty sum is 0, and the last running total is the sum.
+    zero = op.ConstantOfShape(op.Concat(kept_shape, op.Constant(value_ints=[1]), axis=0),
+                              value=ir.tensor([0], dtype=ir.DataType.INT64))
+    running = op.CumSum(op.Concat(zero, rows, axis=-1), op.Constant(value_int=-1))
+    total = op.Gather(running, op.Constant(value_int=-1), axis=-1)
+    if not keepdim:
+        return total
+    one = op.Constant(value_ints=[1])
+    target = op.Concat(*[one if d in axes else op.Shape(x, start=d, end=d + 1) for d in range(rank)], axis=0)
+    return op.Reshape(total, target, allowzero=1)
 
 
 def _all_or_any(reduce, self, dim: Sequence[int] | None, keepdim: bool):
