@@ -1503,3 +1503,20 @@ def test_int64_sums_are_exact(dynamic):
     compiled = torch.compile(fn, backend=aot2onnx.backend(fallback=False), dynamic=dynamic)(a, m)
     for i, (c, e) in enumerate(zip(compiled, fn(a, m))):
         assert c.dtype == e.dtype and torch.equal(c, e), f"output {i}: {c} != {e}"
+
+
+def test_int64_products_wrap_as_atens():
+    # ONNX Runtime's int64 ReduceProd goes through double and saturates at -2^63 or 2^63 - 1 where ATen's
+    # product wraps around (and loses the low bits past 2^53). Static lengths are now exact; a symbolic length
+    # keeps ReduceProd.
+    b = torch.tensor([[3, -7, 11, 2, 2**60 + 9, 5], [2**31, 2**33, 3, 1, -1, 7]], dtype=torch.int64)
+    m = torch.randint(-2**40, 2**40, (3, 5, 7), generator=torch.Generator().manual_seed(0), dtype=torch.int64)
+
+    def fn(b, m):
+        return (b.prod(1), b.prod(0), b.prod(), m.prod(1, keepdim=True), m.prod(), m[:, :0].prod(1), m[:0].prod(),
+                (m % 1000).int().prod(2), (m > 0).prod(1), b.cumprod(1), m.cumprod(0), m.cumprod(2), m[:, :0].cumprod(1))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(b, m)
+    for i, (c, e) in enumerate(zip(compiled, fn(b, m))):
+        assert c.dtype == e.dtype and c.shape == e.shape and torch.equal(c, e), f"output {i}: {c} != {e}"

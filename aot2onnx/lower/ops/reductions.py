@@ -341,6 +341,18 @@ def aten_cumprod(self, dim: int, dtype: int = -1):
     if len(self.shape) == 0:
         return op.Identity(self)
     x, inverse = _to_last(self, dim)
+    n = self.shape[dim]
+    if self.dtype == ir.DataType.INT64 and isinstance(n, int):
+        # Exact and wrapping as ATen's (ReduceProd's int64 kernel goes through double and saturates): a scan
+        # of products over doubling spans, each element times the one `span` before it.
+        last = op.Constant(value_ints=[-1])
+        span = 1
+        while span < n:
+            ones = op.Expand(op.CastLike(1, x), op.Concat(op.Shape(x, end=-1), op.Constant(value_ints=[span]), axis=0))
+            before = op.Slice(x, op.Constant(value_ints=[0]), op.Constant(value_ints=[n - span]), last)
+            x = op.Mul(x, op.Concat(ones, before, axis=-1))
+            span *= 2
+        return _from_last(x, inverse)
     rows = op.Unsqueeze(x, op.Constant(value_ints=[-2]))
     masked = op.Where(_prefix_mask(x), rows, op.CastLike(1, x))
     return _from_last(op.ReduceProd(masked, op.Constant(value_ints=[-1]), keepdims=0), inverse)
@@ -819,6 +831,31 @@ def _in_eager_order(self, axis: int, keepdim: bool):
     return _sequential_product(self, axis, n, keepdim)
 
 
+def _integer_product(x, axis: int, keepdim: bool):
+    """An int64 product along ``axis`` of static length, exact and wrapping on overflow as ATen's: halves
+    multiplied pairwise (a product modulo 2^64 does not depend on the order). ONNX Runtime's int64 ReduceProd
+    goes through double and saturates: prod([3, -7, 11, 2, 2^60 + 9, 5]) was -2^63, eager
+    -6917529027641102646. None for a symbolic length."""
+    n = x.shape[axis] if x.shape is not None else None
+    if not isinstance(n, int):
+        return None
+    axes = op.Constant(value_ints=[axis])
+    if n == 0:  # the empty product
+        middle = [op.Constant(value_ints=[1])] if keepdim else []
+        shape = op.Concat(op.Shape(x, end=axis), *middle, op.Shape(x, start=axis + 1), axis=0)
+        return op.Expand(op.CastLike(1, x), shape)
+    while n > 1:
+        if n % 2:  # a 1 at the end
+            last = op.Slice(x, op.Constant(value_ints=[0]), op.Constant(value_ints=[1]), axes)
+            x = op.Concat(x, op.Expand(op.CastLike(1, x), op.Shape(last)), axis=axis)
+            n += 1
+        half = n // 2
+        x = op.Mul(op.Slice(x, op.Constant(value_ints=[0]), op.Constant(value_ints=[half]), axes),
+                   op.Slice(x, op.Constant(value_ints=[half]), op.Constant(value_ints=[n]), axes))
+        n = half
+    return x if keepdim else op.Squeeze(x, axes)
+
+
 @project_rule(aten.prod.dim_int)
 def aten_prod_dim_int(self, dim: int, keepdim: bool = False, dtype: int = -1):
     """prod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor"""
@@ -831,7 +868,11 @@ def aten_prod_dim_int(self, dim: int, keepdim: bool = False, dtype: int = -1):
         return op.Cast(aten_prod_dim_int(self, dim, keepdim, ir.DataType.INT64), to=ir.DataType.BOOL)
     if self.shape is not None and len(self.shape) == 0:
         return op.Identity(self)  # a 0-d tensor is its own product over dim 0 or -1 (ReduceProd refuses the axis)
-    product = _in_eager_order(self, dim % max(len(self.shape), 1), keepdim) if self.shape else None
+    axis = dim % max(len(self.shape), 1) if self.shape else 0
+    if self.dtype == ir.DataType.INT64 and self.shape:
+        product = _integer_product(self, axis, keepdim)
+    else:
+        product = _in_eager_order(self, axis, keepdim) if self.shape else None
     return product if product is not None else torchlib_core.aten_prod_dim_int(self, dim, keepdim)
 
 
@@ -843,6 +884,14 @@ def aten_prod(self, dtype: int = -1):
         self.dtype = ir.DataType(dtype)
     if self.dtype == ir.DataType.BOOL:  # ReduceProd has no bool kernel: the product of 0s and 1s
         return op.Cast(aten_prod(self, ir.DataType.INT64), to=ir.DataType.BOOL)
+    if dtype in (-1, None) and self.dtype is not None and self.dtype.is_integer() and self.dtype != ir.DataType.INT64:
+        self = _with_shape(op.Cast(self, to=ir.DataType.INT64), self)  # ATen's product of integers is int64
+        self.dtype = ir.DataType.INT64
+    if self.dtype == ir.DataType.INT64 and self.shape is not None and len(self.shape) > 0 and all(
+            isinstance(d, int) for d in self.shape):
+        flat = op.Reshape(self, op.Constant(value_ints=[-1]))
+        flat.dtype, flat.shape = self.dtype, ir.Shape([math.prod(self.shape)])
+        return _integer_product(flat, 0, False)
     if self.dtype in _FLOATS and self.shape is not None and len(self.shape) > 0 and all(
             isinstance(d, int) for d in self.shape):
         flat = op.Reshape(self, op.Constant(value_ints=[-1]))
