@@ -83,8 +83,7 @@ def aten_sum_dim_intlist(self, dim: Sequence[int] | None = None, keepdim: bool =
         ones = op.ConstantOfShape(op.Constant(value_ints=[1, rows]), value=ir.tensor([1], dtype=self.dtype))
         total = op.MatMul(ones, op.Reshape(self, op.Constant(value_ints=[rows, math.prod(rest)]), allowzero=1))
         return op.Reshape(total, op.Constant(value_ints=[1] * lead + rest if keepdim else rest), allowzero=1)
-    integer = self.dtype is not None and (self.dtype.is_integer() or self.dtype == ir.DataType.BOOL)
-    if shape is not None and (dtype == ir.DataType.INT64 or (dtype in (-1, None) and integer)):
+    if shape is not None and _int64_accumulated(self, dtype):
         return _integer_sum(op.Cast(self, to=ir.DataType.INT64), axes, keepdim, rank)
     return torchlib_core.aten_sum_dim_IntList(self, dim, keepdim, dtype)
 
@@ -92,11 +91,18 @@ def aten_sum_dim_intlist(self, dim: Sequence[int] | None = None, keepdim: bool =
 @project_rule(aten.sum.default)
 def aten_sum(self, dtype: int = -1):
     """sum(Tensor self, *, ScalarType? dtype=None) -> Tensor"""
-    integer = self.dtype is not None and (self.dtype.is_integer() or self.dtype == ir.DataType.BOOL)
-    if self.shape is not None and (dtype == ir.DataType.INT64 or (dtype in (-1, None) and integer)):
+    if self.shape is not None and _int64_accumulated(self, dtype):
         rank = len(self.shape)
         return _integer_sum(op.Cast(self, to=ir.DataType.INT64), list(range(rank)), False, rank)
     return torchlib_core.aten_sum(self, dtype)
+
+
+def _int64_accumulated(self, dtype: int) -> bool:
+    """Whether ATen sums or multiplies ``self`` in int64: an integer or bool tensor without a dtype (ATen
+    widens them), or any tensor with dtype=int64."""
+    if dtype in (-1, None):
+        return self.dtype is not None and (self.dtype.is_integer() or self.dtype == ir.DataType.BOOL)
+    return dtype == ir.DataType.INT64
 
 
 def _integer_sum(x, axes: list[int], keepdim: bool, rank: int):
@@ -859,7 +865,7 @@ def _integer_product(x, axis: int, keepdim: bool):
 @project_rule(aten.prod.dim_int)
 def aten_prod_dim_int(self, dim: int, keepdim: bool = False, dtype: int = -1):
     """prod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor"""
-    if dtype in (-1, None) and self.dtype is not None and (self.dtype.is_integer() or self.dtype == ir.DataType.BOOL):
+    if _int64_accumulated(self, dtype):
         dtype = ir.DataType.INT64  # ATen's product of integers (and bools) is int64
     if dtype not in (-1, None):
         self = _with_shape(op.Cast(self, to=dtype), self)
@@ -879,24 +885,19 @@ def aten_prod_dim_int(self, dim: int, keepdim: bool = False, dtype: int = -1):
 @project_rule(aten.prod.default)
 def aten_prod(self, dtype: int = -1):
     """prod(Tensor self, *, ScalarType? dtype=None) -> Tensor"""
+    if _int64_accumulated(self, dtype):
+        dtype = ir.DataType.INT64  # ATen's product of integers (and bools) is int64
     if dtype not in (-1, None):
         self = _with_shape(op.Cast(self, to=dtype), self)
         self.dtype = ir.DataType(dtype)
     if self.dtype == ir.DataType.BOOL:  # ReduceProd has no bool kernel: the product of 0s and 1s
         return op.Cast(aten_prod(self, ir.DataType.INT64), to=ir.DataType.BOOL)
-    if dtype in (-1, None) and self.dtype is not None and self.dtype.is_integer() and self.dtype != ir.DataType.INT64:
-        self = _with_shape(op.Cast(self, to=ir.DataType.INT64), self)  # ATen's product of integers is int64
-        self.dtype = ir.DataType.INT64
-    if self.dtype == ir.DataType.INT64 and self.shape is not None and len(self.shape) > 0 and all(
+    integer = self.dtype == ir.DataType.INT64
+    if (integer or self.dtype in _FLOATS) and self.shape is not None and len(self.shape) > 0 and all(
             isinstance(d, int) for d in self.shape):
         flat = op.Reshape(self, op.Constant(value_ints=[-1]))
         flat.dtype, flat.shape = self.dtype, ir.Shape([math.prod(self.shape)])
-        return _integer_product(flat, 0, False)
-    if self.dtype in _FLOATS and self.shape is not None and len(self.shape) > 0 and all(
-            isinstance(d, int) for d in self.shape):
-        flat = op.Reshape(self, op.Constant(value_ints=[-1]))
-        flat.dtype, flat.shape = self.dtype, ir.Shape([math.prod(self.shape)])
-        product = _in_eager_order(flat, 0, False)
+        product = _integer_product(flat, 0, False) if integer else _in_eager_order(flat, 0, False)
         if product is not None:
             return product
     return torchlib_core.aten_prod(self)
