@@ -7,10 +7,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Options", "GRAPH_OPTIMIZATION_LEVELS", "PARTITIONERS"]
+__all__ = ["Options", "CUDA_MEMORY", "GRAPH_OPTIMIZATION_LEVELS", "PARTITIONERS"]
 
 GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "layout", "all")
 PARTITIONERS = ("min_cut", "default")
+CUDA_MEMORY = ("arena", "torch")
 
 # The opset torch_lib's rules are written against; a higher target is reached with the version converter
 # after lowering.
@@ -44,6 +45,11 @@ class Options:
         cache: Keep lowered models in the persistent on-disk cache (see ``aot2onnx.compile.cache``).
         cache_dir: Where; ``None`` means ``$AOT2ONNX_CACHE_DIR`` or the user cache directory
             (``~/.cache/aot2onnx``). ``AOT2ONNX_CACHE_DIR=off`` turns the cache off.
+        cuda_graphs: On CUDA, replay each graph with static shapes and no random ops as a CUDA graph
+            (``runtime/cuda.py``); a graph that cannot be captured runs plainly and says why once.
+        cuda_memory: Where ONNX Runtime's CUDA tensors come from: ``"arena"``, one ONNX Runtime arena per device
+            shared by every session, or ``"torch"``, torch's caching allocator (one pool, counted by
+            ``torch.cuda.memory_allocated``).
     """
 
     providers: tuple[str, ...] | None = None
@@ -58,6 +64,8 @@ class Options:
     fallback: bool = True
     cache: bool = True
     cache_dir: str | None = None
+    cuda_graphs: bool = True
+    cuda_memory: str = "arena"
 
     def __post_init__(self) -> None:
         if self.providers is not None:
@@ -75,6 +83,8 @@ class Options:
             )
         if self.partitioner not in PARTITIONERS:
             raise ValueError(f"partitioner must be one of {PARTITIONERS}, got {self.partitioner!r}")
+        if self.cuda_memory not in CUDA_MEMORY:
+            raise ValueError(f"cuda_memory must be one of {CUDA_MEMORY}, got {self.cuda_memory!r}")
         if self.intra_op_num_threads < 0 or self.inter_op_num_threads < 0:
             raise ValueError("thread counts must be >= 0")
         if self.dump_dir is None and os.environ.get("AOT2ONNX_DUMP_DIR"):

@@ -268,7 +268,7 @@ def _lookup(graph: torch.fx.GraphModule, job: _Job) -> tuple[str | None, CachedG
     """The graph's key in the graph cache and what the cache holds under it (``None, None`` without a cache)."""
     if job.cache is None:
         return None, None
-    key = graph_key(graph, opset=job.options.opset, rules=list(user_rules()))
+    key = graph_key(graph, opset=job.options.opset, rules=list(user_rules()), device_type=job.device.type)
     return key, job.cache.load(key)
 
 
@@ -302,7 +302,8 @@ def _compile_whole(
         return _start_cached(cached, name, job, start, "cache hit"), key
     from aot2onnx.lower.translate import lower_graph
 
-    lowered = lower_graph(graph, name=name, opset=options.opset, registry=default_registry())
+    lowered = lower_graph(graph, name=name, opset=options.opset, registry=default_registry(),
+                          device_type=job.device.type)
     if options.check_model:
         try:
             onnx.checker.check_model(lowered.model)

@@ -28,6 +28,7 @@ from aot2onnx.errors import LoweringError, UnsupportedOpError
 from aot2onnx.lower import _exporter_compat as exporter
 from aot2onnx.lower.checks import collecting
 from aot2onnx.lower.dispatch import dispatch, is_passthrough_getitem
+from aot2onnx.lower.ops._control import for_device
 from aot2onnx.lower.registry import Registry, default_registry
 from aot2onnx.lower.seeds import seed_random_ops
 from aot2onnx.signature import (
@@ -350,8 +351,10 @@ def lower_graph(
     opset: int,
     registry: Registry | None = None,
     optimize: bool = True,
+    device_type: str = "cpu",
 ) -> LoweredGraph:
-    """Lowers an FX ATen graph (from AOTAutograd) to an ONNX model and its signature.
+    """Lowers an FX ATen graph (from AOTAutograd) to an ONNX model and its signature, for a session on
+    ``device_type`` (``"cpu"``, or ``"cuda"``, where rules avoid values the host would have to read).
 
     Raises:
         UnsupportedOpError: listing every op of the graph that has no rule, before anything is built.
@@ -376,7 +379,7 @@ def lower_graph(
     written: list[tuple[int, ir.Value]] = []  # (input position, its new value): the graph's copy_ into inputs
     fx_nodes = 0
 
-    with collecting() as rule_checks:  # runtime checks the rules ask for (aot2onnx.lower.checks)
+    with collecting() as rule_checks, for_device(device_type):  # rule_checks: aot2onnx.lower.checks
         for node in gm.graph.nodes:
             try:
                 if node.op == "placeholder":

@@ -21,6 +21,7 @@ from torch.utils.dlpack import from_dlpack as _from_capsule
 
 from aot2onnx.errors import RuntimeSessionError
 from aot2onnx.options import Options
+from aot2onnx.runtime import cuda
 from aot2onnx.runtime.inplace import writable_in_place
 from aot2onnx.runtime.nchwc import DOMAIN as NCHWC
 from aot2onnx.runtime.nchwc import rewrite_convolutions
@@ -172,8 +173,11 @@ def session_options(options: Options, intra_op_threads: int | None = None) -> or
     return so
 
 
-def providers_for(device: torch.device, options: Options) -> list[str | tuple[str, dict[str, str]]]:
-    """The execution providers for tensors on ``device``, unless the options name them."""
+def providers_for(
+    device: torch.device, options: Options, cuda_options: dict[str, str] | None = None
+) -> list[str | tuple[str, dict[str, str]]]:
+    """The execution providers for tensors on ``device``, unless the options name them; ``cuda_options`` are the
+    CUDA provider's (``runtime.cuda.provider_options``: torch's stream, TF32 as torch allows it, memory)."""
     available = ort.get_available_providers()
     if options.providers is not None:
         missing = [p for p in options.providers if p not in available]
@@ -191,10 +195,8 @@ def providers_for(device: torch.device, options: Options) -> list[str | tuple[st
                 "the inputs are CUDA tensors but this onnxruntime has no CUDAExecutionProvider "
                 f"(available: {available}); install the onnxruntime-gpu package in place of onnxruntime"
             )
-        # ONNX Runtime runs on torch's current stream, so its kernels are ordered after the torch work
-        # that produced the inputs and before the torch work that reads the outputs, with no sync.
-        stream = torch.cuda.current_stream(device)
-        cuda_options = {"device_id": str(device.index or 0), "user_compute_stream": str(stream.cuda_stream)}
+        if cuda_options is None:
+            cuda_options = cuda.provider_options(device, options, tf32=False, cuda_graph=False)
         return [("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
     raise RuntimeSessionError(f"aot2onnx runs CPU and CUDA tensors; got a tensor on {device}")
 
@@ -428,9 +430,20 @@ class OrtGraph:
         self._trial: _ThreadTrial | None = None
         self.nchwc_convolutions = 0  # Conv nodes moved to ONNX Runtime's blocked layout (nchwc.py)
         self.float32_nodes = 0  # low-precision nodes computed in float32, having no kernel (precision.py)
+        self._cuda = device.type == "cuda" and options.providers is None
+        self._op_types = cuda.graph_op_types(model)
+        self._precision = cuda.precision_settings() if self._cuda else None
+        self.tf32 = self._cuda and cuda.tf32_allowed(self._op_types, self._precision)
+        self._graphed: cuda.GraphedRuns | None = None
+        self.cuda_graph_refusal: str | None = None  # why the graph is not replayed as a CUDA graph
+        self._run_options: Any = None  # ONNX Runtime's RunOptions for a plain run (None: the defaults)
         if self._onnx_outputs or self._mutations or self._checks:
             try:
                 providers = providers_for(device, options)
+                if self._cuda:
+                    self.cuda_graph_refusal = self._cuda_graph_refusal(model, options)
+                    providers = providers_for(device, options, cuda.provider_options(
+                        device, options, tf32=self.tf32, cuda_graph=self.cuda_graph_refusal is None))
                 if options.graph_optimization_level in ("layout", "all") and providers == ["CPUExecutionProvider"]:
                     # ONNX Runtime's layout level would move these to its blocked layout itself, were
                     # their weights constants (see nchwc.py).
@@ -445,9 +458,7 @@ class OrtGraph:
                 model_bytes = model.SerializeToString()
                 disabled = _disabled_optimizers(model)
                 sess_options = session_options(options)
-                self._session = ort.InferenceSession(
-                    model_bytes, sess_options=sess_options, providers=providers, disabled_optimizers=disabled,
-                )
+                self._session = self._open(model_bytes, sess_options, providers, disabled)
                 if _thread_trial_applies(model, options, providers, sess_options):
                     self._trial = _ThreadTrial(model_bytes, disabled, sess_options)
             except RuntimeSessionError:
@@ -458,12 +469,14 @@ class OrtGraph:
                 ) from e
             self._binding = self._session.io_binding()._iobinding
             self._ort_run: Callable[[Any, Any], None] | None = self._session._sess.run_with_iobinding
+            self._model_bytes, self._disabled = model_bytes, disabled
         else:
             self._ort_run = None
         self._cpu = device.type == "cpu"
         self._ort_device = ort.OrtDevice.make(
             "cuda" if device.type == "cuda" else "cpu", device.index or 0
         )._get_c_device()
+        self._host_device = ort.OrtDevice.make("cpu", 0)._get_c_device()
         self._lock = threading.Lock()
         self._trial_lock = threading.Lock()
         # What the thread trial measured, once settled: the threads it started with, and the median run
@@ -472,7 +485,61 @@ class OrtGraph:
         with _registry_lock:
             _COMPILED.append(weakref.ref(self))
 
+    def _cuda_graph_refusal(self, model: onnx.ModelProto, options: Options) -> str | None:
+        """Why the graph is not to be replayed as a CUDA graph, or None."""
+        if not options.cuda_graphs:
+            return "cuda_graphs is off"
+        symints = any(spec.kind is InputKind.SYMINT for spec in self.signature.inputs)
+        return cuda.graph_refusal(model, self._op_types, RANDOM_OPS, symints)
+
+    def _open(self, model_bytes: bytes, sess_options: ort.SessionOptions, providers: list[Any],
+              disabled: list[str]) -> ort.InferenceSession:
+        """The session; for a CUDA graph, with its runs set up, or without one where ONNX Runtime refuses it
+        (a node placed on the CPU provider, say), saying why once."""
+        try:
+            session = ort.InferenceSession(model_bytes, sess_options=sess_options, providers=providers,
+                                           disabled_optimizers=disabled)
+        except Exception as e:
+            if not self._cuda or self.cuda_graph_refusal is not None or "graph" not in str(e).lower():
+                raise
+            self.cuda_graph_refusal = f"ONNX Runtime refused to capture it: {str(e).splitlines()[0]}"
+            logger.warning("aot2onnx: graph %s runs without a CUDA graph: %s", self.name, self.cuda_graph_refusal)
+            provider, settings = providers[0]
+            providers = [(provider, {k: v for k, v in settings.items() if k != "enable_cuda_graph"}), *providers[1:]]
+            return ort.InferenceSession(model_bytes, sess_options=sess_options, providers=providers,
+                                        disabled_optimizers=disabled)
+        if self._cuda and self.cuda_graph_refusal is None:
+            inputs = [spec.onnx_name for spec in self.signature.inputs if spec.kind is not InputKind.UNUSED]
+            outputs = [*self._onnx_outputs, *(m.onnx_name for m in self._mutations), *(c.onnx_name for c in self._checks)]
+            model = onnx.load_from_string(model_bytes)
+            self._graphed = cuda.GraphedRuns(self.name, model, inputs, outputs, self.device)
+            self._run_options = self._graphed.plain_run
+        return session
+
+    def _follow_precision(self) -> None:
+        """A new session where torch's TF32 settings changed what this graph may use (``runtime.cuda``)."""
+        settings = cuda.precision_settings()
+        if settings == self._precision:
+            return
+        self._precision = settings
+        tf32 = cuda.tf32_allowed(self._op_types, settings)
+        if tf32 == self.tf32 or self._session is None:
+            return
+        logger.info("aot2onnx: graph %s gets a new session: torch's TF32 settings changed (TF32 %s)",
+                    self.name, "on" if tf32 else "off")
+        with self._lock:
+            self.tf32 = tf32
+            providers = providers_for(self.device, self.options, cuda.provider_options(
+                self.device, self.options, tf32=tf32, cuda_graph=self.cuda_graph_refusal is None))
+            self._graphed = None
+            self._session = self._open(self._model_bytes, session_options(self.options), providers, self._disabled)
+            self._binding = self._session.io_binding()._iobinding
+            self._ort_run = self._session._sess.run_with_iobinding
+            self._bound = {}
+
     def __call__(self, args: list[Any]) -> list[Any]:
+        if self._cuda:
+            self._follow_precision()
         if self._trial is not None:
             return self._trial_call(args)
         return self._settled_call(args)
@@ -568,6 +635,11 @@ class OrtGraph:
         return outputs
 
     def _run(self, args: Sequence[Any], ort_run: Callable[[Any, Any], None]) -> list[torch.Tensor]:
+        graphed = self._graphed
+        if graphed is not None and graphed.stopped is None:
+            replayed = self._replay(graphed, args, ort_run)
+            if replayed is not None:
+                return replayed
         keep_alive = []
         with self._lock:
             binding = self._binding
@@ -576,16 +648,21 @@ class OrtGraph:
                 if spec.kind is InputKind.UNUSED:
                     continue
                 if spec.kind is InputKind.SYMINT:
-                    arg = torch.tensor(int(arg), dtype=torch.int64, device=self.device)
-                else:
-                    if arg.device != self.device:
-                        if arg.dim() != 0:
-                            raise RuntimeSessionError(
-                                f"graph {self.name!r} was compiled for {self.device} but got a tensor on {arg.device}"
-                            )
-                        arg = arg.to(self.device)  # a CPU scalar beside CUDA tensors, as torch allows
-                    if not arg.is_contiguous():
-                        arg = arg.contiguous()
+                    # In host memory: a size feeds shapes, which a device kernel reads from the host.
+                    arg = torch.tensor(int(arg), dtype=torch.int64)
+                    bound = (arg.data_ptr(), (), _TORCH_TO_ONNX[torch.int64])
+                    keep_alive.append(arg)
+                    binding.bind_input(spec.onnx_name, self._host_device, bound[2], [], bound[0])
+                    self._bound.pop(spec.onnx_name, None)
+                    continue
+                if arg.device != self.device:
+                    if arg.dim() != 0:
+                        raise RuntimeSessionError(
+                            f"graph {self.name!r} was compiled for {self.device} but got a tensor on {arg.device}"
+                        )
+                    arg = arg.to(self.device)  # a CPU scalar beside CUDA tensors, as torch allows
+                if not arg.is_contiguous():
+                    arg = arg.contiguous()
                 keep_alive.append(arg)
                 dtype = _TORCH_TO_ONNX.get(arg.dtype)
                 if dtype is None:
@@ -608,7 +685,7 @@ class OrtGraph:
             for check in self._checks:
                 binding.bind_output(check.onnx_name, self._ort_device)
             try:
-                ort_run(binding, None)
+                ort_run(binding, self._run_options)
             except Exception as e:
                 self._bound.clear()  # bind every input afresh after a failure
                 raise RuntimeSessionError(f"ONNX Runtime failed running graph {self.name!r}: {e}") from e
@@ -635,6 +712,56 @@ class OrtGraph:
         for i, is_bool in enumerate(self._bool_outputs):
             if is_bool and results[i].dtype != torch.bool:
                 results[i] = results[i].view(torch.bool)
+        return results
+
+    def _replay(self, graphed: cuda.GraphedRuns, args: Sequence[Any],
+                ort_run: Callable[[Any, Any], None]) -> list[torch.Tensor] | None:
+        """The run as a CUDA graph's replay (:class:`cuda.GraphedRuns`); None for a plain run instead (the
+        warm-up calls, and every call after the replays ended)."""
+        tensors = [arg for spec, arg in zip(self.signature.inputs, args) if spec.kind is not InputKind.UNUSED]
+        with self._lock:
+            if not graphed.ready:
+                if not graphed.warmup(tensors):
+                    return None
+                if any(t.device != self.device or not t.is_contiguous() for t in tensors):
+                    graphed.stop("an input is on another device, or not contiguous")
+                    return None
+                binding = self._binding
+                binding.clear_binding_inputs()
+                binding.clear_binding_outputs()
+                self._bound.clear()
+
+                def bind_input(name: str, tensor: torch.Tensor) -> None:
+                    binding.bind_input(name, self._ort_device, _TORCH_TO_ONNX[tensor.dtype], list(tensor.shape),
+                                       tensor.data_ptr())
+
+                def bind_output(name: str, tensor: torch.Tensor) -> None:
+                    binding.bind_output(name, self._ort_device, _TORCH_TO_ONNX[tensor.dtype], list(tensor.shape),
+                                        tensor.data_ptr())
+
+                graphed.setup(tensors, bind_input, bind_output)
+            elif graphed.moved(tensors):
+                graphed.stop("an input that kept its memory until the capture (a parameter, a buffer) moved, or "
+                             "one came in another shape or dtype")
+                self._binding.clear_binding_inputs()
+                self._binding.clear_binding_outputs()
+                self._bound.clear()
+                return None
+            graphed.copy_in(tensors)
+            try:
+                ort_run(self._binding, graphed.graph_run)
+            except Exception as e:
+                raise RuntimeSessionError(f"ONNX Runtime failed replaying graph {self.name!r}: {e}") from e
+            self.runs += 1
+            returned, written = len(self._onnx_outputs), len(self._mutations)
+            results = graphed.copy_out(range(returned, returned + written))
+            new_values = results[returned:returned + written]
+            if new_values:
+                torch._foreach_copy_([args[spec.index].detach() for spec in self._mutations], new_values)
+            checked = results[returned + written:]
+            del results[returned:]
+        for check, value in zip(self._checks, checked):
+            _raise_if_failed(check.kind, check.api_name, value, check.is_matrix)
         return results
 
     def _check_shapes(self, results: Sequence[torch.Tensor]) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import onnx_ir as ir
 import onnxscript
@@ -11,9 +13,29 @@ from onnxscript import opset18 as op
 
 from aot2onnx.lower import _exporter_compat as exporter
 
-__all__ = ["cond", "loop"]
+__all__ = ["cond", "for_device", "loop", "on_device"]
 
 _bodies = itertools.count()
+
+# Whether the graph being lowered runs on an accelerator (ONNX Runtime's CUDA provider), where an If's
+# condition lives in device memory: ONNX Runtime copies it to the host before it can choose a branch, a wait
+# for everything queued on the stream before it (aot2onnx.runtime.host_copies).
+_on_device: contextvars.ContextVar[bool] = contextvars.ContextVar("aot2onnx_lowering_on_device", default=False)
+
+
+@contextlib.contextmanager
+def for_device(device_type: str) -> Iterator[None]:
+    """Rules inside the block lower for tensors of ``device_type`` (``"cpu"``, ``"cuda"``)."""
+    token = _on_device.set(device_type != "cpu")
+    try:
+        yield
+    finally:
+        _on_device.reset(token)
+
+
+def on_device() -> bool:
+    """Whether the graph being lowered runs on an accelerator, where a rule avoids values the host must read."""
+    return _on_device.get()
 
 
 def _trace(body: Callable[[], Sequence[ir.Value]], prefix: str) -> ir.Graph:
@@ -33,13 +55,26 @@ def _trace(body: Callable[[], Sequence[ir.Value]], prefix: str) -> ir.Graph:
 
 
 def cond(condition: ir.Value, then_branch: Callable[[], Sequence[ir.Value]],
-         else_branch: Callable[[], Sequence[ir.Value]]) -> list[ir.Value]:
+         else_branch: Callable[[], Sequence[ir.Value]], *, exact_then: bool = False) -> list[ir.Value]:
     """``then_branch()`` where the boolean scalar ``condition`` holds, else ``else_branch()``, as one If.
 
     Only the branch taken runs, so a rare case can cost nothing when it does not occur. Each branch builds
     its nodes like a rule and may read values of the enclosing graph; both return as many values, of the
     same dtypes, each with its dtype set.
+
+    On a device (:func:`on_device`) the condition would be a wait for the GPU, so there is no If: with
+    ``exact_then`` (``then_branch()`` is right whatever the condition, ``else_branch()`` a shortcut for the
+    common case) the then-branch alone runs, else both do and a Where picks one's values.
     """
+    if on_device():
+        if exact_then:
+            return list(then_branch())
+        chosen = []
+        for then_value, else_value in zip(then_branch(), else_branch(), strict=True):
+            value = op.Where(condition, then_value, else_value)
+            value.dtype = then_value.dtype
+            chosen.append(value)
+        return chosen
     prefix = f"if{next(_bodies)}"
     then_graph, else_graph = _trace(then_branch, f"{prefix}_then"), _trace(else_branch, f"{prefix}_else")
     node = ir.node("If", [condition], attributes={"then_branch": then_graph, "else_branch": else_graph},

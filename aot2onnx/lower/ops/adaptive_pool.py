@@ -130,7 +130,7 @@ def _exact_where_nonfinite(check, fast, exact, dtype: ir.DataType):
         return [value]
 
     fast.dtype = dtype
-    return cond(nonfinite, exact_, lambda: [fast])[0]
+    return cond(nonfinite, exact_, lambda: [fast], exact_then=True)[0]
 
 
 def _adaptive_avg(self, output_size: Sequence[int]):

@@ -331,7 +331,7 @@ def _layer_normalization(input, normalized_shape: Sequence[int], weight, bias, e
 
     squares = op.ReduceSumSquare(input, keepdims=0)
     suspect = op.Not(op.Less(squares, _scalar(float("inf"), squares)))  # inf or NaN
-    return tuple(cond(suspect, lambda: normalized(True), lambda: normalized(False)))
+    return tuple(cond(suspect, lambda: normalized(True), lambda: normalized(False), exact_then=True))
 
 
 @project_rule(aten.native_layer_norm.default)
@@ -394,7 +394,7 @@ def _group_affine(x, centered, mean, rstd, weight, bias, group: int):
         result.dtype = x.dtype
         return [result]
 
-    return cond(any_odd, eager_order, lambda: [exact()])[0]
+    return cond(any_odd, eager_order, lambda: [exact()], exact_then=True)[0]
 
 
 @project_rule(aten.native_group_norm.default)

@@ -17,7 +17,7 @@ from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
 
 from aot2onnx.lower.ops._common import INTEGERS, cast, rounded_to, static_dims
 from aot2onnx.lower.ops._common import opmath as _opmath
-from aot2onnx.lower.ops._control import cond, loop
+from aot2onnx.lower.ops._control import cond, loop, on_device
 from aot2onnx.lower.registry import project_rule
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -143,8 +143,8 @@ def _negative_zero(fill: float) -> bool:
 def _arithmetic_select(condition, fill: float, y, fill_where: bool = True):
     """``condition ? fill : y`` (``condition ? y : fill`` with ``fill_where`` False) for a finite Python float
     ``fill`` (not -0.0) and a float32/64 tensor y; None where the Where is as good (a small or 16-bit tensor)."""
-    if y.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE) or not math.isfinite(fill):
-        return None
+    if y.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE) or not math.isfinite(fill) or on_device():
+        return None  # on a device the Where is one kernel, and the guard below a wait for the GPU
     if _negative_zero(fill):
         return None  # +-0 + w is +0.0 for a +0.0 product whatever w: no sum gives -0.0 there
     if all(n is not None and n < _ARITHMETIC_SELECT_ELEMENTS for n in (_elements(condition), _elements(y))):

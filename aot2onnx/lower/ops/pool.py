@@ -159,8 +159,8 @@ def _max_pool_with_indices(self, spatial: int, kernel_size, stride, padding, dil
         if ceil_mode:  # an If branch would return a shape ONNX declares wrong: see _ceil_as_padding
             values, indices = mended_values()[0], mended_indices()[0]
         else:
-            values = cond(special, mended_values, lambda: [values])[0]
-            indices = cond(special, mended_indices, lambda: [indices])[0]
+            values = cond(special, mended_values, lambda: [values], exact_then=True)[0]
+            indices = cond(special, mended_indices, lambda: [indices], exact_then=True)[0]
     if unbatched:
         axis = op.Constant(value_ints=[0])
         return op.Squeeze(values, axis), op.Squeeze(indices, axis)

@@ -1,0 +1,276 @@
+"""ONNX Runtime's CUDA provider as aot2onnx runs it: torch's stream, torch's precision, one memory pool, and
+graphs replayed as CUDA graphs.
+
+- **Stream.** Sessions run on torch's current stream (``user_compute_stream``), so their kernels are ordered
+  after the torch work that made the inputs and before the torch work that reads the outputs, with no sync.
+- **Precision.** ONNX Runtime uses TF32 for MatMul, Gemm and Conv unless ``use_tf32=0``; torch keeps it off for
+  matrix products unless asked. One switch covers both in ONNX Runtime, so a graph gets TF32 only where torch
+  allows it for every family of op the graph has: ``torch.backends.cuda.matmul.allow_tf32`` for MatMul, Gemm
+  and Einsum, ``torch.backends.cudnn.allow_tf32`` for convolutions and RNNs (:func:`tf32_allowed`). The
+  settings are read again before each run, and a graph whose answer changed gets a new session.
+- **Memory.** With ``cuda_memory="torch"`` ONNX Runtime allocates from torch's caching allocator (the CUDA
+  provider's ``gpu_external_alloc``/``gpu_external_free``/``gpu_external_empty_cache``, as ORTModule did), so
+  ``torch.cuda.memory_allocated`` counts its tensors and ``torch.cuda.empty_cache`` frees both. With
+  ``"arena"`` every session of a device shares one ONNX Runtime arena that grows by what is asked, not by
+  doubling.
+- **CUDA graphs** (:class:`GraphedRuns`): a graph with static shapes and no random ops is captured once and
+  replayed, its inputs and outputs at fixed addresses.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import onnx
+import onnxruntime as ort
+import torch
+
+from aot2onnx.options import Options
+
+__all__ = ["GraphedRuns", "graph_op_types", "precision_settings", "provider_options", "tf32_allowed"]
+
+logger = logging.getLogger(__name__)
+
+_CUBLAS_OPS = frozenset({"MatMul", "Gemm", "Einsum", "FusedMatMul", "MatMulInteger"})
+_CUDNN_OPS = frozenset({"Conv", "ConvTranspose", "LSTM", "GRU", "RNN"})
+
+
+def graph_op_types(model: onnx.ModelProto) -> frozenset[str]:
+    """Every op type of ``model``: its graph, its functions and their subgraphs."""
+    found: set[str] = set()
+    graphs = [model.graph, *model.functions]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            found.add(node.op_type)
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    graphs.append(attribute.g)
+                graphs.extend(attribute.graphs)
+    return frozenset(found)
+
+
+def precision_settings() -> tuple[bool, bool]:
+    """torch's TF32 switches now: (matrix products, cuDNN). ``torch.set_float32_matmul_precision("high")``
+    and ``torch.backends.cuda.matmul.fp32_precision = "tf32"`` set the first."""
+    return bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.allow_tf32)
+
+
+def tf32_allowed(op_types: frozenset[str], settings: tuple[bool, bool] | None = None) -> bool:
+    """Whether ONNX Runtime may use TF32 for a graph of these op types: only where torch allows it for every
+    family of op in it (ONNX Runtime's one switch covers cuBLAS and cuDNN alike)."""
+    matmul, cudnn = settings if settings is not None else precision_settings()
+    families = []
+    if op_types & _CUBLAS_OPS:
+        families.append(matmul)
+    if op_types & _CUDNN_OPS:
+        families.append(cudnn)
+    return bool(families) and all(families)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Memory
+
+
+_arena_lock = threading.Lock()
+_arenas: set[int] = set()
+
+
+def _share_arena(index: int) -> None:
+    """One ONNX Runtime arena on CUDA device ``index`` for every session there (``session.use_env_allocators``),
+    growing by what is asked: separate arenas that double kept each session's peak at once."""
+    with _arena_lock:
+        if index in _arenas:
+            return
+        info = ort.OrtMemoryInfo("Cuda", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, index, ort.OrtMemType.DEFAULT)
+        try:
+            ort.create_and_register_allocator_v2(
+                "CUDAExecutionProvider", info, {"device_id": str(index)}, ort.OrtArenaCfg({"arena_extend_strategy": 1})
+            )
+        except Exception as e:  # registered by the application already: share that one
+            logger.debug("aot2onnx: using the CUDA allocator already registered with ONNX Runtime (%s)", e)
+        _arenas.add(index)
+
+
+_ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t)
+_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_EMPTY = ctypes.CFUNCTYPE(None)
+# The callbacks handed to ONNX Runtime, per (device, stream): kept alive for the process, as ONNX Runtime
+# keeps their addresses.
+_torch_allocators: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
+
+
+def _torch_allocator(index: int, stream: torch.cuda.Stream) -> dict[str, str]:
+    key = (index, stream.cuda_stream)
+    with _arena_lock:
+        if key not in _torch_allocators:
+
+            def alloc(size: int) -> int:
+                return torch.cuda.caching_allocator_alloc(size, index, stream)
+
+            def free(pointer: int) -> None:
+                torch.cuda.caching_allocator_delete(pointer)
+
+            def empty() -> None:
+                torch.cuda.empty_cache()
+
+            _torch_allocators[key] = (_ALLOC(alloc), _FREE(free), _EMPTY(empty))
+    alloc_fn, free_fn, empty_fn = _torch_allocators[key]
+    return {
+        "gpu_external_alloc": str(ctypes.cast(alloc_fn, ctypes.c_void_p).value),
+        "gpu_external_free": str(ctypes.cast(free_fn, ctypes.c_void_p).value),
+        "gpu_external_empty_cache": str(ctypes.cast(empty_fn, ctypes.c_void_p).value),
+    }
+
+
+def provider_options(device: torch.device, options: Options, *, tf32: bool, cuda_graph: bool) -> dict[str, str]:
+    """The CUDA provider's options for a session of a graph on ``device``."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(index)
+    settings = {"device_id": str(index), "user_compute_stream": str(stream.cuda_stream), "use_tf32": str(int(tf32))}
+    if cuda_graph:
+        settings["enable_cuda_graph"] = "1"
+    if options.cuda_memory == "torch":
+        settings.update(_torch_allocator(index, stream))
+    else:
+        settings["arena_extend_strategy"] = "kSameAsRequested"
+        _share_arena(index)
+    return settings
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CUDA graphs
+
+_TO_TORCH = {
+    onnx.TensorProto.FLOAT: torch.float32,
+    onnx.TensorProto.DOUBLE: torch.float64,
+    onnx.TensorProto.FLOAT16: torch.float16,
+    onnx.TensorProto.BFLOAT16: torch.bfloat16,
+    onnx.TensorProto.INT64: torch.int64,
+    onnx.TensorProto.INT32: torch.int32,
+    onnx.TensorProto.INT16: torch.int16,
+    onnx.TensorProto.INT8: torch.int8,
+    onnx.TensorProto.UINT8: torch.uint8,
+    onnx.TensorProto.BOOL: torch.bool,
+}
+
+# Plain runs before the graph is captured: the first learns which inputs keep their memory from call to call
+# (parameters, buffers), the second confirms it. ONNX Runtime makes its own warm-up run before capturing.
+_WARMUP_CALLS = 2
+
+
+def graph_refusal(model: onnx.ModelProto, op_types: frozenset[str], random_ops: frozenset[str],
+                  has_symint_inputs: bool) -> str | None:
+    """Why ``model`` cannot run as a CUDA graph, or None."""
+    if has_symint_inputs:
+        return "it takes sizes as inputs"
+    for value in (*model.graph.input, *model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if not value.type.tensor_type.HasField("shape") or any(not d.HasField("dim_value") for d in dims):
+            return f"{value.name!r} has a size known only at run time"
+    if op_types & random_ops:
+        # ONNX Runtime's random kernels advance their generator on the host: a replay repeats its numbers.
+        return f"it draws random numbers ({', '.join(sorted(op_types & random_ops))}), which a replay would repeat"
+    if op_types & {"If", "Loop", "Scan"}:
+        return "it has control flow (If, Loop or Scan)"
+    if op_types & {"NonZero", "Unique"}:
+        return "an output size depends on the values (NonZero, Unique)"
+    return None
+
+
+class GraphedRuns:
+    """Runs of one session replayed as a CUDA graph (ONNX Runtime's ``enable_cuda_graph``).
+
+    A replay reads and writes the addresses it was captured with. So after the warm-up calls, inputs whose
+    memory stayed the same (parameters, buffers) are bound where they are, and held, so that the memory cannot
+    be reused for another tensor; the others are copied, all in one multi-tensor copy, into buffers of the
+    graph's. Outputs go to the graph's buffers and are copied out, again in one copy, into new tensors the
+    caller owns; a written input gets its value copied in. An input that kept its memory until the capture and
+    then arrives elsewhere ends the replays: the graph runs plainly from then on, and says so once.
+    """
+
+    def __init__(self, name: str, model: onnx.ModelProto, input_names: Sequence[str], output_names: Sequence[str],
+                 device: torch.device) -> None:
+        self.name = name
+        self.device = device
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+        declared = {v.name: v for v in (*model.graph.input, *model.graph.output)}
+        self._outputs = [
+            ([d.dim_value for d in declared[n].type.tensor_type.shape.dim], _TO_TORCH[declared[n].type.tensor_type.elem_type])
+            for n in output_names
+        ]
+        self.calls = 0
+        self.replays = 0
+        self.stopped: str | None = None  # why the graph runs plainly now
+        self._first: list[int] = []
+        self._pinned: list[torch.Tensor | None] = []  # per input: the tensor bound where it is, or None (copied)
+        self._buffers: list[torch.Tensor] = []  # per copied input, in order
+        self._copied: list[int] = []  # positions of the copied inputs
+        self._out: list[torch.Tensor] = []
+        self.plain_run = ort.RunOptions()
+        self.plain_run.add_run_config_entry("gpu_graph_id", "-1")
+        self.graph_run = ort.RunOptions()
+        self.graph_run.add_run_config_entry("gpu_graph_id", "0")
+
+    @property
+    def ready(self) -> bool:
+        return bool(self._pinned) and self.stopped is None
+
+    def warmup(self, args: Sequence[torch.Tensor]) -> bool:
+        """Records a plain call's input addresses; True once the graph can be set up (:meth:`setup`)."""
+        self.calls += 1
+        pointers = [a.data_ptr() for a in args]
+        if self.calls == 1:
+            self._first = pointers
+            return False
+        self._second = pointers
+        return self.calls >= _WARMUP_CALLS
+
+    def setup(self, args: Sequence[torch.Tensor], bind_input: Callable, bind_output: Callable) -> None:
+        """Binds every input and output at the address the graph will replay with."""
+        for position, (name, arg) in enumerate(zip(self.input_names, args)):
+            stable = self._first[position] == self._second[position] == arg.data_ptr() and arg.is_contiguous()
+            if stable:
+                self._pinned.append(arg)
+                bind_input(name, arg)
+            else:
+                buffer = torch.empty(arg.shape, dtype=arg.dtype, device=self.device)
+                self._pinned.append(None)
+                self._copied.append(position)
+                self._buffers.append(buffer)
+                bind_input(name, buffer)
+        self._out = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in self._outputs]
+        for name, buffer in zip(self.output_names, self._out):
+            bind_output(name, buffer)
+
+    def moved(self, args: Sequence[torch.Tensor]) -> bool:
+        """Whether an input bound where it was has arrived at other memory (the replay would read the old), or
+        an input arrived in another shape or dtype than its buffer's (a copy would broadcast it)."""
+        if any(p is not None and (a.data_ptr() != p.data_ptr() or a.shape != p.shape or a.dtype != p.dtype)
+               for p, a in zip(self._pinned, args)):
+            return True
+        return any(args[i].shape != b.shape or args[i].dtype != b.dtype for i, b in zip(self._copied, self._buffers))
+
+    def stop(self, reason: str) -> None:
+        self.stopped = reason
+        self._pinned, self._buffers, self._copied, self._out = [], [], [], []
+        logger.warning("aot2onnx: graph %s runs without a CUDA graph from now on: %s", self.name, reason)
+
+    def copy_in(self, args: Sequence[torch.Tensor]) -> None:
+        if self._copied:
+            torch._foreach_copy_(self._buffers, [args[i] for i in self._copied])
+
+    def copy_out(self, kept: range) -> list[torch.Tensor]:
+        """The outputs of the last replay, in tensors of the caller's; those at the positions ``kept`` are the
+        graph's own buffers, for the caller to copy at once (a written input's new value)."""
+        self.replays += 1
+        results = [b if i in kept else torch.empty_like(b) for i, b in enumerate(self._out)]
+        fresh = [i for i in range(len(results)) if i not in kept]
+        if fresh:
+            torch._foreach_copy_([results[i] for i in fresh], [self._out[i] for i in fresh])
+        return results

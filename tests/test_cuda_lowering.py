@@ -1,0 +1,221 @@
+"""What the CUDA path decides without a GPU at hand: graphs lowered for CUDA make ONNX Runtime copy no device
+value to the host in the middle of a run, and compute bit for bit what the CPU lowering computes (run here on
+ONNX Runtime's CPU provider, at ordinary and at special values); TF32 follows torch's settings per graph; the
+CUDA graph's bookkeeping copies and refuses as it should. The GPU check (scripts/gpu_check.py) runs the rest
+against eager on a GPU."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import aot2onnx.lower.translate as translate
+from aot2onnx.options import Options
+from aot2onnx.runtime import cuda
+from aot2onnx.runtime.host_copies import host_round_trips
+from aot2onnx.tools.bench.models import make_batch
+
+NAN, INF = float("nan"), float("inf")
+
+
+@contextlib.contextmanager
+def lowered_for(device_type: str, monkeypatch: pytest.MonkeyPatch):
+    """Every graph compiled inside the block is lowered as for ``device_type`` (and run on the CPU provider),
+    and its ONNX model collected."""
+    models: list[onnx.ModelProto] = []
+    original = translate.lower_graph
+
+    def lower_graph(*args, **kwargs):
+        kwargs["device_type"] = device_type
+        lowered = original(*args, **kwargs)
+        models.append(lowered.model)
+        return lowered
+
+    with monkeypatch.context() as m:
+        m.setattr(translate, "lower_graph", lower_graph)
+        yield models
+
+
+def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot2onnx", options={"cache": False})
+    loss = loss_fn(compiled(x), y)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("name", ["mlp-s", "cnn-s", "encoder-s", "mobilenet-s"])
+def test_cuda_lowering_makes_no_host_copies_and_matches_the_cpu_lowering(name, monkeypatch):
+    model, x, y, loss_fn = make_batch(name)
+    with lowered_for("cpu", monkeypatch):
+        cpu_loss, cpu_grads = _step(model, x, y, loss_fn)
+    with lowered_for("cuda", monkeypatch) as cuda_models:
+        cuda_loss, cuda_grads = _step(model, x, y, loss_fn)
+    assert cuda_models and all(not host_round_trips(m) for m in cuda_models), [
+        str(t) for m in cuda_models for t in host_round_trips(m)]
+    # Bit for bit: the CUDA lowering computes what the CPU lowering computes, minus its shortcuts.
+    assert torch.equal(cpu_loss, cuda_loss)
+    for c, g in zip(cpu_grads, cuda_grads, strict=True):
+        assert torch.equal(c, g)
+
+
+def test_cpu_lowering_has_the_host_copies_the_analysis_finds(monkeypatch):
+    """The analysis finds what it is for: the CPU lowering's shortcuts are Ifs on device values."""
+    model, x, y, loss_fn = make_batch("encoder-s")
+    with lowered_for("cpu", monkeypatch) as models:
+        _step(model, x, y, loss_fn)
+    trips = [t for m in models for t in host_round_trips(m)]
+    assert trips and all(t.op_type == "If" for t in trips)
+    assert any("native_layer_norm" in t.fx_node for t in trips)
+
+
+def test_host_round_trips_follows_shapes_onto_the_host():
+    """A Reshape whose shape comes from Shape and integer arithmetic stays on the host; one whose shape is
+    computed from a tensor's values needs a copy; a graph input bound in host memory needs none."""
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
+    n = onnx.helper.make_tensor_value_info("n", onnx.TensorProto.INT64, [1])
+    out = [onnx.helper.make_tensor_value_info(f"y{i}", onnx.TensorProto.FLOAT, None) for i in range(3)]
+    nodes = [
+        onnx.helper.make_node("Shape", ["x"], ["s"]),
+        onnx.helper.make_node("ReduceProd", ["s"], ["p"], keepdims=1),
+        onnx.helper.make_node("Reshape", ["x", "p"], ["y0"]),  # host: Shape -> ReduceProd
+        onnx.helper.make_node("ReduceMax", ["x"], ["m"], keepdims=0),
+        onnx.helper.make_node("Cast", ["m"], ["mi"], to=onnx.TensorProto.INT64),
+        onnx.helper.make_node("Unsqueeze", ["mi", "zero"], ["mu"]),
+        onnx.helper.make_node("Reshape", ["x", "mu"], ["y1"]),  # device: computed from x's values
+        onnx.helper.make_node("Reshape", ["x", "n"], ["y2"]),  # as bound
+    ]
+    zero = onnx.numpy_helper.from_array(np.array([0], dtype=np.int64), "zero")
+    model = onnx.helper.make_model(onnx.helper.make_graph(nodes, "g", [x, n], out, [zero]))
+    assert [(t.node or t.value, t.input_index) for t in host_round_trips(model)] == [("mu", 1), ("n", 1)]
+    assert [t.value for t in host_round_trips(model, host_inputs=["n"])] == ["mu"]
+
+
+@pytest.mark.parametrize(
+    ("op_types", "settings", "expected"),
+    [
+        ({"MatMul", "Add"}, (False, True), False),  # torch's default: TF32 off for matmul
+        ({"MatMul"}, (True, True), True),
+        ({"Conv"}, (False, True), True),  # torch's default: TF32 on for cuDNN convolutions
+        ({"Conv", "Gemm"}, (False, True), False),  # one switch in ONNX Runtime: off unless both allow it
+        ({"Conv", "Gemm"}, (True, True), True),
+        ({"Conv"}, (True, False), False),
+        ({"Add", "Relu"}, (True, True), False),
+    ],
+)
+def test_tf32_only_where_torch_allows_it_for_every_op_family(op_types, settings, expected):
+    assert cuda.tf32_allowed(frozenset(op_types), settings) is expected
+
+
+def test_tf32_follows_torch_settings():
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert cuda.precision_settings()[0] is False
+        assert not cuda.tf32_allowed(frozenset({"MatMul"}))
+        torch.set_float32_matmul_precision("high")
+        assert cuda.precision_settings()[0] is True
+        assert cuda.tf32_allowed(frozenset({"MatMul"}))
+        torch.backends.cudnn.allow_tf32 = False
+        assert cuda.precision_settings() == (True, False)
+        assert not cuda.tf32_allowed(frozenset({"MatMul", "Conv"}))
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]
+
+
+def test_provider_options_carry_precision_stream_and_memory(monkeypatch):
+    class Stream:
+        cuda_stream = 12345
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index=None: Stream())
+    monkeypatch.setattr(cuda, "_share_arena", lambda index: None)
+    device = torch.device("cuda", 0)
+    plain = cuda.provider_options(device, Options(), tf32=False, cuda_graph=False)
+    assert plain == {"device_id": "0", "user_compute_stream": "12345", "use_tf32": "0",
+                     "arena_extend_strategy": "kSameAsRequested"}
+    graphed = cuda.provider_options(device, Options(cuda_memory="torch"), tf32=True, cuda_graph=True)
+    assert graphed["use_tf32"] == "1" and graphed["enable_cuda_graph"] == "1"
+    assert all(int(graphed[k]) != 0 for k in ("gpu_external_alloc", "gpu_external_free", "gpu_external_empty_cache"))
+    with pytest.raises(ValueError, match="cuda_memory"):
+        Options(cuda_memory="pool")
+
+
+def _model(inputs: dict[str, list], outputs: dict[str, list], nodes=(), dtype=onnx.TensorProto.FLOAT) -> onnx.ModelProto:
+    graph = onnx.helper.make_graph(
+        list(nodes), "g",
+        [onnx.helper.make_tensor_value_info(n, dtype, s) for n, s in inputs.items()],
+        [onnx.helper.make_tensor_value_info(n, dtype, s) for n, s in outputs.items()],
+    )
+    return onnx.helper.make_model(graph)
+
+
+def test_cuda_graph_refusals():
+    relu = [onnx.helper.make_node("Relu", ["x"], ["y"])]
+    static = _model({"x": [2, 3]}, {"y": [2, 3]}, relu)
+    ops = cuda.graph_op_types(static)
+    assert cuda.graph_refusal(static, ops, frozenset({"Dropout"}), False) is None
+    assert "sizes as inputs" in cuda.graph_refusal(static, ops, frozenset(), True)
+    dynamic = _model({"x": ["batch", 3]}, {"y": ["batch", 3]}, relu)
+    assert "run time" in cuda.graph_refusal(dynamic, ops, frozenset(), False)
+    dropout = _model({"x": [2, 3]}, {"y": [2, 3]}, [onnx.helper.make_node("Dropout", ["x"], ["y"])])
+    assert "random" in cuda.graph_refusal(dropout, cuda.graph_op_types(dropout), frozenset({"Dropout"}), False)
+
+
+def test_graphed_runs_pin_stable_inputs_copy_the_others_and_stop_when_one_moves():
+    model = _model({"w": [3], "x": [3]}, {"y": [3]}, [onnx.helper.make_node("Add", ["w", "x"], ["y"])])
+    runs = cuda.GraphedRuns("g", model, ["w", "x"], ["y"], torch.device("cpu"))
+    w = torch.ones(3)
+    assert not runs.warmup([w, torch.zeros(3)])
+    x = torch.full((3,), 2.0)
+    assert runs.warmup([w, x])
+    bound: dict[str, int] = {}
+    runs.setup([w, x], lambda n, t: bound.__setitem__(n, t.data_ptr()), lambda n, t: bound.__setitem__(n, t.data_ptr()))
+    assert bound["w"] == w.data_ptr() and bound["x"] != x.data_ptr()  # the parameter pinned, x copied
+    later = torch.full((3,), 5.0)
+    assert not runs.moved([w, later])
+    runs.copy_in([w, later])
+    assert torch.equal(runs._buffers[0], later)
+    runs._out[0].copy_(torch.arange(3.0))  # as a replay would write it
+    (out,) = runs.copy_out(range(0))
+    assert torch.equal(out, torch.arange(3.0)) and out.data_ptr() != runs._out[0].data_ptr()
+    assert runs.moved([w.clone(), later]) and runs.moved([w, torch.zeros(4)])
+    runs.stop("test")
+    assert not runs.ready and runs.stopped == "test"
+
+
+@pytest.mark.parametrize("special", [NAN, INF, -INF])
+def test_cuda_lowering_keeps_special_values(special, monkeypatch):
+    """The rare cases the CPU lowering guards with an If run unconditionally on CUDA: NaN and infinities in a
+    layer norm, a max pool and a ReLU gradient come out as eager's."""
+
+    def fn(x, w):
+        h = F.layer_norm(x, (8,), w)
+        h = F.max_pool1d(h, 2)
+        return F.relu(h @ torch.ones(4, 4)).sum(-1)
+
+    x = torch.randn(64, 4, 8)
+    x[3, 1, 2] = special
+    w = torch.randn(8)
+    results = {}
+    for device_type in ("cpu", "cuda"):
+        with lowered_for(device_type, monkeypatch):
+            xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+            torch._dynamo.reset()
+            out = torch.compile(fn, backend="aot2onnx", options={"cache": False})(xc, wc)
+            out.sum().backward()
+            results[device_type] = (out.detach(), xc.grad, wc.grad)
+    xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
+    eager = fn(xe, we)
+    eager.sum().backward()
+    for a, b in zip(results["cpu"], results["cuda"]):
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+    assert torch.equal(results["cuda"][0].isnan(), eager.detach().isnan())
