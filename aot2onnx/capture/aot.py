@@ -22,7 +22,6 @@ import torch.fx
 from torch._dynamo.utils import counters
 from torch._functorch._aot_autograd import autograd_cache, graph_compile
 from torch._functorch._aot_autograd.autograd_cache import (
-    AOTAUTOGRAD_CACHE_PREFIX,
     AOTAutogradCache,
     AOTAutogradCacheDetails,
     AOTAutogradCachePickler,
@@ -38,6 +37,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aot2onnx.authentication import Authenticator
 from aot2onnx.signature import GraphKind
+
+# The prefix of AOTAutograd's cache keys: torch 2.13 names it, torch 2.11 writes the literal "a" in
+# autograd_cache_key.
+AOTAUTOGRAD_CACHE_PREFIX: str = getattr(autograd_cache, "AOTAUTOGRAD_CACHE_PREFIX", "a")
 
 __all__ = ["GraphKind", "GraphObserver", "ReloadableGraph", "capture", "math_attention", "observing", "partition_function"]
 

@@ -238,10 +238,13 @@ def aten_linalg_cholesky_ex(self, upper: bool = False, check_errors: bool = Fals
     return factor.out(self), op.Expand(info, op.Shape(self, end=-2))
 
 
-@project_rule(aten.cholesky.default)
-def aten_cholesky(self, upper: bool = False):
-    """cholesky(Tensor self, bool upper=False) -> Tensor"""
-    return _cholesky(self, upper)[0].out(self)
+# torch 2.14 removed aten.cholesky (torch.cholesky, deprecated since 1.9, now raises there).
+if hasattr(aten, "cholesky"):
+
+    @project_rule(aten.cholesky.default)
+    def aten_cholesky(self, upper: bool = False):
+        """cholesky(Tensor self, bool upper=False) -> Tensor"""
+        return _cholesky(self, upper)[0].out(self)
 
 
 def _cholesky_solve(b: M, factor: M, upper: bool) -> M:
