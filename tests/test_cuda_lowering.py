@@ -138,6 +138,7 @@ def test_provider_options_carry_precision_stream_and_memory(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda index=None: Stream())
     monkeypatch.setattr(cuda, "_share_arena", lambda index: None)
+    monkeypatch.setattr(cuda, "_preloaded", True)
     device = torch.device("cuda", 0)
     plain = cuda.provider_options(device, Options(), tf32=False, cuda_graph=False)
     assert plain == {"device_id": "0", "user_compute_stream": "12345", "use_tf32": "0",
@@ -170,24 +171,38 @@ def test_cuda_graph_refusals():
     assert "random" in cuda.graph_refusal(dropout, cuda.graph_op_types(dropout), frozenset({"Dropout"}), False)
 
 
-def test_graphed_runs_pin_stable_inputs_copy_the_others_and_stop_when_one_moves():
+def test_graphed_runs_pin_stable_inputs_copy_the_others_and_recapture_when_one_moves():
     model = _model({"w": [3], "x": [3]}, {"y": [3]}, [onnx.helper.make_node("Add", ["w", "x"], ["y"])])
-    runs = cuda.GraphedRuns("g", model, ["w", "x"], ["y"], torch.device("cpu"))
+    runs = cuda.GraphedRuns("g", model, ["w", "x"], ["y"], torch.device("cpu"), None)
     w = torch.ones(3)
     assert not runs.warmup([w, torch.zeros(3)])
     x = torch.full((3,), 2.0)
     assert runs.warmup([w, x])
     bound: dict[str, int] = {}
-    runs.setup([w, x], lambda n, t: bound.__setitem__(n, t.data_ptr()), lambda n, t: bound.__setitem__(n, t.data_ptr()))
+
+    def bind(name, tensor):
+        bound[name] = tensor.data_ptr()
+
+    runs.setup([w, x], bind, bind)
+    assert runs.ready and runs.graph_run.get_run_config_entry("gpu_graph_id") == "0"
     assert bound["w"] == w.data_ptr() and bound["x"] != x.data_ptr()  # the parameter pinned, x copied
     later = torch.full((3,), 5.0)
-    assert not runs.moved([w, later])
+    assert runs.moved([w, later]) == ([], False)
     runs.copy_in([w, later])
     assert torch.equal(runs._buffers[0], later)
     runs._out[0].copy_(torch.arange(3.0))  # as a replay would write it
     (out,) = runs.copy_out(range(0))
     assert torch.equal(out, torch.arange(3.0)) and out.data_ptr() != runs._out[0].data_ptr()
-    assert runs.moved([w.clone(), later]) and runs.moved([w, torch.zeros(4)])
+    assert runs.moved([w, torch.zeros(4)]) == ([], True)
+    # The parameter moved: copied from now on, in a graph captured anew under the next id.
+    w2 = w.clone()
+    assert runs.moved([w2, later]) == ([0], False)
+    assert runs.recapture([0])
+    runs.setup([w2, later], bind, bind)
+    assert bound["w"] != w2.data_ptr() and runs.graph_run.get_run_config_entry("gpu_graph_id") == "1"
+    while runs.captures < cuda._CAPTURES:
+        runs.setup([w2, later], bind, bind)
+    assert not runs.recapture([1])
     runs.stop("test")
     assert not runs.ready and runs.stopped == "test"
 

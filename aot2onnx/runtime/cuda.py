@@ -127,10 +127,33 @@ def _torch_allocator(index: int, stream: torch.cuda.Stream) -> dict[str, str]:
     }
 
 
-def provider_options(device: torch.device, options: Options, *, tf32: bool, cuda_graph: bool) -> dict[str, str]:
-    """The CUDA provider's options for a session of a graph on ``device``."""
+_preloaded = False
+
+
+def _preload_cuda_libraries() -> None:
+    """Points onnxruntime-gpu's CUDA provider at the CUDA and cuDNN libraries torch's wheel brought (it looks in
+    the nvidia packages), once, before the first CUDA session: without them in the loader's path it fails to
+    start. Nothing is loaded twice where torch has loaded them already."""
+    global _preloaded
+    with _arena_lock:
+        if _preloaded:
+            return
+        _preloaded = True
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception as e:  # a provider that finds its libraries itself still starts
+            logger.debug("aot2onnx: onnxruntime.preload_dlls() failed: %s", e)
+
+
+def provider_options(device: torch.device, options: Options, *, tf32: bool, cuda_graph: bool,
+                     stream: torch.cuda.Stream | None = None) -> dict[str, str]:
+    """The CUDA provider's options for a session of a graph on ``device``, running on ``stream`` (by default
+    torch's current stream)."""
+    _preload_cuda_libraries()
     index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = torch.cuda.current_stream(index)
+    stream = stream if stream is not None else torch.cuda.current_stream(index)
     settings = {"device_id": str(index), "user_compute_stream": str(stream.cuda_stream), "use_tf32": str(int(tf32))}
     if cuda_graph:
         settings["enable_cuda_graph"] = "1"
@@ -161,6 +184,9 @@ _TO_TORCH = {
 # Plain runs before the graph is captured: the first learns which inputs keep their memory from call to call
 # (parameters, buffers), the second confirms it. ONNX Runtime makes its own warm-up run before capturing.
 _WARMUP_CALLS = 2
+# Captures of one graph, each after an input that kept its memory moved (it is copied from then on); past
+# these the graph runs plainly.
+_CAPTURES = 4
 
 
 def graph_refusal(model: onnx.ModelProto, op_types: frozenset[str], random_ops: frozenset[str],
@@ -190,13 +216,20 @@ class GraphedRuns:
     be reused for another tensor; the others are copied, all in one multi-tensor copy, into buffers of the
     graph's. Outputs go to the graph's buffers and are copied out, again in one copy, into new tensors the
     caller owns; a written input gets its value copied in. An input that kept its memory until the capture and
-    then arrives elsewhere ends the replays: the graph runs plainly from then on, and says so once.
+    then arrives elsewhere is copied from then on, in a graph captured anew (ONNX Runtime's ``gpu_graph_id``);
+    after ``_CAPTURES`` captures, or where an input's shape or dtype changed, the graph runs plainly, saying so
+    once.
+
+    The session runs on a stream of its own (a capture cannot be made on CUDA's legacy default stream, where
+    torch's work runs unless told otherwise), ordered after torch's current stream before each run and
+    before it after each run: waits on the GPU, not on the host.
     """
 
     def __init__(self, name: str, model: onnx.ModelProto, input_names: Sequence[str], output_names: Sequence[str],
-                 device: torch.device) -> None:
+                 device: torch.device, stream: torch.cuda.Stream | None) -> None:
         self.name = name
         self.device = device
+        self.stream = stream
         self.input_names = list(input_names)
         self.output_names = list(output_names)
         declared = {v.name: v for v in (*model.graph.input, *model.graph.output)}
@@ -206,8 +239,10 @@ class GraphedRuns:
         ]
         self.calls = 0
         self.replays = 0
+        self.captures = 0
         self.stopped: str | None = None  # why the graph runs plainly now
-        self._first: list[int] = []
+        self._seen: list[list[int]] = []  # the warm-up calls' input addresses
+        self._forced: set[int] = set()  # inputs copied because they moved after a capture
         self._pinned: list[torch.Tensor | None] = []  # per input: the tensor bound where it is, or None (copied)
         self._buffers: list[torch.Tensor] = []  # per copied input, in order
         self._copied: list[int] = []  # positions of the copied inputs
@@ -215,27 +250,26 @@ class GraphedRuns:
         self.plain_run = ort.RunOptions()
         self.plain_run.add_run_config_entry("gpu_graph_id", "-1")
         self.graph_run = ort.RunOptions()
-        self.graph_run.add_run_config_entry("gpu_graph_id", "0")
 
     @property
     def ready(self) -> bool:
-        return bool(self._pinned) and self.stopped is None
+        return bool(self._pinned or self._copied or self._out) and self.stopped is None
 
     def warmup(self, args: Sequence[torch.Tensor]) -> bool:
         """Records a plain call's input addresses; True once the graph can be set up (:meth:`setup`)."""
         self.calls += 1
-        pointers = [a.data_ptr() for a in args]
-        if self.calls == 1:
-            self._first = pointers
-            return False
-        self._second = pointers
+        self._seen.append([a.data_ptr() for a in args])
         return self.calls >= _WARMUP_CALLS
 
     def setup(self, args: Sequence[torch.Tensor], bind_input: Callable, bind_output: Callable) -> None:
-        """Binds every input and output at the address the graph will replay with."""
+        """Binds every input and output at the address the graph will replay with, for a new capture."""
+        self.captures += 1
+        self.graph_run = ort.RunOptions()
+        self.graph_run.add_run_config_entry("gpu_graph_id", str(self.captures - 1))
+        self._pinned, self._buffers, self._copied = [], [], []
         for position, (name, arg) in enumerate(zip(self.input_names, args)):
-            stable = self._first[position] == self._second[position] == arg.data_ptr() and arg.is_contiguous()
-            if stable:
+            stable = position not in self._forced and all(seen[position] == arg.data_ptr() for seen in self._seen)
+            if stable and arg.is_contiguous():
                 self._pinned.append(arg)
                 bind_input(name, arg)
             else:
@@ -244,17 +278,30 @@ class GraphedRuns:
                 self._copied.append(position)
                 self._buffers.append(buffer)
                 bind_input(name, buffer)
-        self._out = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in self._outputs]
+        if not self._out:
+            self._out = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in self._outputs]
         for name, buffer in zip(self.output_names, self._out):
             bind_output(name, buffer)
 
-    def moved(self, args: Sequence[torch.Tensor]) -> bool:
-        """Whether an input bound where it was has arrived at other memory (the replay would read the old), or
-        an input arrived in another shape or dtype than its buffer's (a copy would broadcast it)."""
-        if any(p is not None and (a.data_ptr() != p.data_ptr() or a.shape != p.shape or a.dtype != p.dtype)
-               for p, a in zip(self._pinned, args)):
-            return True
-        return any(args[i].shape != b.shape or args[i].dtype != b.dtype for i, b in zip(self._copied, self._buffers))
+    def moved(self, args: Sequence[torch.Tensor]) -> tuple[list[int], bool]:
+        """The inputs bound where they were that arrived at other memory (a replay would read the old), and
+        whether any input arrived in another shape or dtype than the graph's (a copy would broadcast it)."""
+        moved, changed = [], False
+        for position, (pinned, arg) in enumerate(zip(self._pinned, args)):
+            if pinned is not None:
+                changed = changed or arg.shape != pinned.shape or arg.dtype != pinned.dtype
+                if arg.data_ptr() != pinned.data_ptr():
+                    moved.append(position)
+        changed = changed or any(args[i].shape != b.shape or args[i].dtype != b.dtype
+                                 for i, b in zip(self._copied, self._buffers))
+        return moved, changed
+
+    def recapture(self, moved: Sequence[int]) -> bool:
+        """Copies the ``moved`` inputs from now on, in a graph to capture anew; False past ``_CAPTURES``."""
+        if self.captures >= _CAPTURES:
+            return False
+        self._forced.update(moved)
+        return True
 
     def stop(self, reason: str) -> None:
         self.stopped = reason
@@ -274,3 +321,13 @@ class GraphedRuns:
         if fresh:
             torch._foreach_copy_([results[i] for i in fresh], [self._out[i] for i in fresh])
         return results
+
+    def before_run(self) -> None:
+        """Orders the session's stream after torch's current one."""
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def after_run(self) -> None:
+        """Orders torch's current stream after the session's."""
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)

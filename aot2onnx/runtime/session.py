@@ -435,6 +435,7 @@ class OrtGraph:
         self._precision = cuda.precision_settings() if self._cuda else None
         self.tf32 = self._cuda and cuda.tf32_allowed(self._op_types, self._precision)
         self._graphed: cuda.GraphedRuns | None = None
+        self._stream: torch.cuda.Stream | None = None  # a graphed session's own (cuda.GraphedRuns)
         self.cuda_graph_refusal: str | None = None  # why the graph is not replayed as a CUDA graph
         self._run_options: Any = None  # ONNX Runtime's RunOptions for a plain run (None: the defaults)
         if self._onnx_outputs or self._mutations or self._checks:
@@ -442,8 +443,7 @@ class OrtGraph:
                 providers = providers_for(device, options)
                 if self._cuda:
                     self.cuda_graph_refusal = self._cuda_graph_refusal(model, options)
-                    providers = providers_for(device, options, cuda.provider_options(
-                        device, options, tf32=self.tf32, cuda_graph=self.cuda_graph_refusal is None))
+                    providers = self._cuda_providers()
                 if options.graph_optimization_level in ("layout", "all") and providers == ["CPUExecutionProvider"]:
                     # ONNX Runtime's layout level would move these to its blocked layout itself, were
                     # their weights constants (see nchwc.py).
@@ -492,6 +492,14 @@ class OrtGraph:
         symints = any(spec.kind is InputKind.SYMINT for spec in self.signature.inputs)
         return cuda.graph_refusal(model, self._op_types, RANDOM_OPS, symints)
 
+    def _cuda_providers(self) -> list[Any]:
+        """The providers of a CUDA session: on a stream of the graph's own where it is to be a CUDA graph."""
+        graphed = self.cuda_graph_refusal is None
+        if graphed and self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        return providers_for(self.device, self.options, cuda.provider_options(
+            self.device, self.options, tf32=self.tf32, cuda_graph=graphed, stream=self._stream if graphed else None))
+
     def _open(self, model_bytes: bytes, sess_options: ort.SessionOptions, providers: list[Any],
               disabled: list[str]) -> ort.InferenceSession:
         """The session; for a CUDA graph, with its runs set up, or without one where ONNX Runtime refuses it
@@ -500,19 +508,20 @@ class OrtGraph:
             session = ort.InferenceSession(model_bytes, sess_options=sess_options, providers=providers,
                                            disabled_optimizers=disabled)
         except Exception as e:
-            if not self._cuda or self.cuda_graph_refusal is not None or "graph" not in str(e).lower():
+            message = str(e).lower()
+            if not self._cuda or self.cuda_graph_refusal is not None or not (
+                "cuda graph" in message or "graph capture" in message
+            ):
                 raise
             self.cuda_graph_refusal = f"ONNX Runtime refused to capture it: {str(e).splitlines()[0]}"
             logger.warning("aot2onnx: graph %s runs without a CUDA graph: %s", self.name, self.cuda_graph_refusal)
-            provider, settings = providers[0]
-            providers = [(provider, {k: v for k, v in settings.items() if k != "enable_cuda_graph"}), *providers[1:]]
-            return ort.InferenceSession(model_bytes, sess_options=sess_options, providers=providers,
+            return ort.InferenceSession(model_bytes, sess_options=sess_options, providers=self._cuda_providers(),
                                         disabled_optimizers=disabled)
         if self._cuda and self.cuda_graph_refusal is None:
             inputs = [spec.onnx_name for spec in self.signature.inputs if spec.kind is not InputKind.UNUSED]
             outputs = [*self._onnx_outputs, *(m.onnx_name for m in self._mutations), *(c.onnx_name for c in self._checks)]
             model = onnx.load_from_string(model_bytes)
-            self._graphed = cuda.GraphedRuns(self.name, model, inputs, outputs, self.device)
+            self._graphed = cuda.GraphedRuns(self.name, model, inputs, outputs, self.device, self._stream)
             self._run_options = self._graphed.plain_run
         return session
 
@@ -529,10 +538,9 @@ class OrtGraph:
                     self.name, "on" if tf32 else "off")
         with self._lock:
             self.tf32 = tf32
-            providers = providers_for(self.device, self.options, cuda.provider_options(
-                self.device, self.options, tf32=tf32, cuda_graph=self.cuda_graph_refusal is None))
-            self._graphed = None
-            self._session = self._open(self._model_bytes, session_options(self.options), providers, self._disabled)
+            self._graphed, self._run_options = None, None
+            self._session = self._open(self._model_bytes, session_options(self.options), self._cuda_providers(),
+                                       self._disabled)
             self._binding = self._session.io_binding()._iobinding
             self._ort_run = self._session._sess.run_with_iobinding
             self._bound = {}
@@ -684,11 +692,16 @@ class OrtGraph:
             copied = self._bind_mutations(args, binding) if self._mutations else ()
             for check in self._checks:
                 binding.bind_output(check.onnx_name, self._ort_device)
+            if graphed is not None:
+                graphed.before_run()
             try:
                 ort_run(binding, self._run_options)
             except Exception as e:
                 self._bound.clear()  # bind every input afresh after a failure
                 raise RuntimeSessionError(f"ONNX Runtime failed running graph {self.name!r}: {e}") from e
+            finally:
+                if graphed is not None:
+                    graphed.after_run()
             self.runs += 1
             if not self._onnx_outputs and not copied and not self._checks:
                 return []
@@ -720,38 +733,32 @@ class OrtGraph:
         warm-up calls, and every call after the replays ended)."""
         tensors = [arg for spec, arg in zip(self.signature.inputs, args) if spec.kind is not InputKind.UNUSED]
         with self._lock:
-            if not graphed.ready:
+            if graphed.ready:
+                moved, changed = graphed.moved(tensors)
+                if changed or (moved and not graphed.recapture(moved)):
+                    graphed.stop("an input came in another shape or dtype" if changed else
+                                 f"inputs that kept their memory until a capture moved after {graphed.captures} captures")
+                    self.cuda_graph_refusal = graphed.stopped
+                    self._unbind()
+                    return None
+                if moved:
+                    self._setup(graphed, tensors)
+            else:
                 if not graphed.warmup(tensors):
                     return None
-                if any(t.device != self.device or not t.is_contiguous() for t in tensors):
-                    graphed.stop("an input is on another device, or not contiguous")
+                if any(t.device != self.device for t in tensors):
+                    graphed.stop("an input is on another device")
+                    self.cuda_graph_refusal = graphed.stopped
                     return None
-                binding = self._binding
-                binding.clear_binding_inputs()
-                binding.clear_binding_outputs()
-                self._bound.clear()
-
-                def bind_input(name: str, tensor: torch.Tensor) -> None:
-                    binding.bind_input(name, self._ort_device, _TORCH_TO_ONNX[tensor.dtype], list(tensor.shape),
-                                       tensor.data_ptr())
-
-                def bind_output(name: str, tensor: torch.Tensor) -> None:
-                    binding.bind_output(name, self._ort_device, _TORCH_TO_ONNX[tensor.dtype], list(tensor.shape),
-                                        tensor.data_ptr())
-
-                graphed.setup(tensors, bind_input, bind_output)
-            elif graphed.moved(tensors):
-                graphed.stop("an input that kept its memory until the capture (a parameter, a buffer) moved, or "
-                             "one came in another shape or dtype")
-                self._binding.clear_binding_inputs()
-                self._binding.clear_binding_outputs()
-                self._bound.clear()
-                return None
+                self._setup(graphed, tensors)
             graphed.copy_in(tensors)
+            graphed.before_run()
             try:
                 ort_run(self._binding, graphed.graph_run)
             except Exception as e:
                 raise RuntimeSessionError(f"ONNX Runtime failed replaying graph {self.name!r}: {e}") from e
+            finally:
+                graphed.after_run()
             self.runs += 1
             returned, written = len(self._onnx_outputs), len(self._mutations)
             results = graphed.copy_out(range(returned, returned + written))
@@ -763,6 +770,27 @@ class OrtGraph:
         for check, value in zip(self._checks, checked):
             _raise_if_failed(check.kind, check.api_name, value, check.is_matrix)
         return results
+
+    def _unbind(self) -> None:
+        """Forgets every binding: the next run binds afresh."""
+        self._binding.clear_binding_inputs()
+        self._binding.clear_binding_outputs()
+        self._bound.clear()
+
+    def _setup(self, graphed: cuda.GraphedRuns, tensors: Sequence[torch.Tensor]) -> None:
+        """Binds the graph's inputs and outputs where a new capture will replay them."""
+        self._unbind()
+        binding = self._binding
+
+        def bind_input(name: str, tensor: torch.Tensor) -> None:
+            binding.bind_input(name, self._ort_device, _TORCH_TO_ONNX[tensor.dtype], list(tensor.shape),
+                               tensor.data_ptr())
+
+        def bind_output(name: str, tensor: torch.Tensor) -> None:
+            binding.bind_output(name, self._ort_device, _TORCH_TO_ONNX[tensor.dtype], list(tensor.shape),
+                                tensor.data_ptr())
+
+        graphed.setup(tensors, bind_input, bind_output)
 
     def _check_shapes(self, results: Sequence[torch.Tensor]) -> None:
         """Raises where an output's shape is not the one the graph declares (FX's: the ATen op's). ONNX Runtime
@@ -815,6 +843,11 @@ class OrtGraph:
                 self._bound.pop(name, None)
                 copied.append((spec.index, len(self._onnx_outputs) + k))
         return copied
+
+    @property
+    def cuda_graph_replays(self) -> int:
+        """How many runs were replays of a captured CUDA graph (``runtime.cuda.GraphedRuns``)."""
+        return 0 if self._graphed is None else self._graphed.replays
 
     @property
     def written_in_place(self) -> frozenset[str]:

@@ -5,6 +5,9 @@ training step, and the fresh-process worker: it imports nothing of aot2onnx), ``
 processes, the alternating rounds, the breakdown of aot2onnx's step), ``report.py`` (``BENCHMARKS.md`` and
 the chart). What the timings mean is written in the report's Method section (``report._method``).
 
+``python -m aot2onnx bench --device cuda`` runs the GPU benchmark instead (``cuda.py``), which writes its own
+section of the report.
+
 Two suites: "main" (the models the issue's first targets were set on) and "device" (smaller models at the batches
 a device trains with), where each of ``timing.LEVERS`` is also timed against aot2onnx's default. Run
 ``python -m aot2onnx bench --help`` for the options; ``make bench`` runs both suites in full.
@@ -80,7 +83,12 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--device" in argv or any(a.startswith("--device=") for a in argv):
+        from aot2onnx.tools.bench import cuda  # the GPU benchmark: its own models, contenders and section
+
+        return cuda.main(argv)
+    args = _parse(argv)
     results = run_suite(args, log=lambda line: print(line, flush=True))
     chart = None
     if args.chart:
@@ -89,8 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"no chart: {why_not}")
         else:
             chart = os.path.relpath(os.path.abspath(args.chart), os.path.dirname(os.path.abspath(args.out)))
+    from aot2onnx.tools.bench.cuda import kept_section
+
+    gpu = kept_section(args.out)  # the GPU benchmark's section, measured elsewhere: kept as it is
     with open(args.out, "w") as f:
-        f.write(render_markdown(results, chart, findings_link(args.out)))
+        f.write(render_markdown(results, chart, findings_link(args.out)) + (f"\n{gpu}" if gpu else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, default=str)

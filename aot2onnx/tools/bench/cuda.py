@@ -1,0 +1,375 @@
+"""``python -m aot2onnx bench --device cuda``: training steps on a GPU, eager vs inductor (plain and with CUDA
+graphs, ``mode="reduce-overhead"``) vs aot2onnx, in fp32 (TF32 off in torch, and so in ONNX Runtime) and TF32
+(on in both), side by side in one process; peak device memory per contender in fresh processes; parity with
+eager (``aot2onnx.testing.assert_parity``) on every model. Writes its section of BENCHMARKS.md, with the card.
+
+Timing: every contender of a model is compiled and warmed up first; then rounds alternate them, each round a
+block of steps between two ``torch.cuda.synchronize()``; a contender's figure is the median of its blocks'
+mean step. Memory: device memory held after the steps in a fresh process of the contender alone, less what
+the process held before the model was built (CUDA's context): torch's pool and ONNX Runtime's arena both
+count, as neither gives memory back to the driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from aot2onnx.tools.bench.models import GPT, make_batch
+
+__all__ = ["CUDA_CONTENDERS", "CUDA_MODELS", "main", "render_section"]
+
+# aot2onnx's variants are its levers, each against the default (CUDA graphs, one shared arena).
+CUDA_CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "eager": ("eager", {}),
+    "inductor": ("inductor", {}),
+    "inductor-ro": ("inductor", {"mode": "reduce-overhead"}),
+    "aot2onnx": ("aot2onnx", {}),
+    "aot2onnx-no-cuda-graphs": ("aot2onnx", {"cuda_graphs": False}),
+    "aot2onnx-torch-memory": ("aot2onnx", {"cuda_memory": "torch"}),
+}
+PRECISIONS = ("fp32", "tf32")
+SECTION_START, SECTION_END = "<!-- cuda benchmark -->", "<!-- /cuda benchmark -->"
+
+
+def _cnn3() -> nn.Module:
+    layers: list[nn.Module] = []
+    channels = 3
+    for width in (32, 64, 128):
+        layers += [nn.Conv2d(channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(2)]
+        channels = width
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 10))
+
+
+def _lm(vocab: int, dim: int, heads: int, layers: int, context: int, batch: int) -> Callable[[], tuple]:
+    def build() -> tuple:
+        model = GPT(vocab=vocab, dim=dim, heads=heads, layers=layers, context=context)
+        tokens = torch.randint(0, vocab, (batch, context + 1))
+        return model, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), _lm_loss, "sgd"
+    return build
+
+
+def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _gpt2_small() -> tuple:
+    import transformers
+
+    from aot2onnx.tools.bench.models import _Logits
+
+    config = transformers.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # 124M parameters
+    model = _Logits(transformers.GPT2LMHeadModel(config), use_cache=False)
+    tokens = torch.randint(0, config.vocab_size, (8, 257))
+    return model, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), _lm_loss, "adamw"
+
+
+def _bench_model(name: str) -> Callable[[], tuple]:
+    def build() -> tuple:
+        model, x, y, loss = make_batch(name)
+        return model, x, y, loss, "sgd"
+    return build
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaModel:
+    name: str
+    title: str
+    build: Callable[[], tuple]  # () -> (model, input, target, loss_fn, optimizer name), on the CPU
+
+
+CUDA_MODELS = {m.name: m for m in (
+    CudaModel("mlp", "MLP 4 x Linear(1024, 1024) + ReLU, batch 256, MSE",
+              lambda: (*_mlp_batch(), "sgd")),
+    CudaModel("cnn", "CNN 3 x (Conv3x3-BatchNorm-ReLU-MaxPool), batch 32 x 3x64x64", lambda: (
+        _cnn3(), torch.randn(32, 3, 64, 64), torch.randint(0, 10, (32,)), F.cross_entropy, "sgd")),
+    CudaModel("gpt-d256", "GPT d256, 4 layers, sequence 128, batch 16", _lm(512, 256, 4, 4, 128, 16)),
+    CudaModel("gpt-d768", "GPT d768, 6 layers, sequence 256, batch 8", _lm(2048, 768, 12, 6, 256, 8)),
+    CudaModel("gpt2-small", "Hugging Face GPT-2 small (124M), batch 8 x 256, AdamW", _gpt2_small),
+    CudaModel("mobilenet", "the zoo's TinyMobileNet, batch 16 x 3x32x32", _bench_model("mobilenet-s")),
+    CudaModel("bert", "the zoo's BertForSequenceClassification config, batch 16 x 32", _bench_model("bert-s")),
+)}
+
+
+def _mlp_batch() -> tuple:
+    layers: list[nn.Module] = []
+    for i in range(4):
+        layers += [nn.Linear(1024, 1024)] + ([nn.ReLU()] if i < 3 else [])
+    return nn.Sequential(*layers), torch.randn(256, 1024), torch.randn(256, 1024), F.mse_loss
+
+
+def _set_precision(precision: str) -> None:
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+def _optimizer(name: str, params: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-4) if name == "adamw" else torch.optim.SGD(params, lr=1e-3)
+
+
+def _runner(model_name: str, contender: str) -> Callable[[], None]:
+    """One training step of a fresh copy of the model (seeded), compiled as ``contender`` says."""
+    torch.manual_seed(0)
+    model, x, y, loss_fn, optimizer_name = CUDA_MODELS[model_name].build()
+    model, x, y = model.cuda(), x.cuda(), y.cuda()
+    backend, settings = CUDA_CONTENDERS[contender]
+    if backend == "eager":
+        forward = model
+    elif backend == "inductor":
+        forward = torch.compile(model, **settings)
+    else:
+        forward = torch.compile(model, backend="aot2onnx", options={"cache": False, **settings})
+    optimizer = _optimizer(optimizer_name, model.parameters())
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(forward(x), y).backward()
+        optimizer.step()
+
+    return step
+
+
+def _time(runners: dict[str, Callable[[], None]], rounds: int, steps: int, log: Callable[[str], None]) -> dict[str, float]:
+    blocks: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, step in runners.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+            blocks[name].append((time.perf_counter() - start) / steps * 1e3)
+    return {name: statistics.median(b) for name, b in blocks.items()}
+
+
+def _device_used() -> int:
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def measure_memory(model_name: str, contender: str, precision: str, steps: int) -> dict[str, float]:
+    """In this process (a fresh one): device memory held after ``steps`` steps, less what was held before."""
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    before = _device_used()
+    _set_precision(precision)
+    step = _runner(model_name, contender)
+    start = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    for _ in range(steps - 1):
+        step()
+    torch.cuda.synchronize()
+    return {"device_gib": (_device_used() - before) / 2**30, "torch_peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "first_step_s": first}
+
+
+def _memory_in_fresh_process(model_name: str, contender: str, precision: str, steps: int, timeout: float) -> dict:
+    code = ("import json, sys; from aot2onnx.tools.bench.cuda import measure_memory; "
+            f"print('RESULT', json.dumps(measure_memory({model_name!r}, {contender!r}, {precision!r}, {steps})))")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {timeout:.0f} s"}
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"error": (done.stderr.strip().splitlines() or ["no result"])[-1][:300]}
+
+
+def _parity(model_name: str, steps: int) -> dict[str, Any]:
+    """aot2onnx's default against eager, fp32, through ``aot2onnx.testing.assert_parity``."""
+    from aot2onnx.testing import assert_parity
+
+    _set_precision("fp32")
+    torch.manual_seed(0)
+    model, x, y, loss_fn, optimizer_name = CUDA_MODELS[model_name].build()
+    x, y = x.cuda(), y.cuda()
+    torch._dynamo.reset()
+    try:
+        assert_parity(lambda: model.cuda(), (x,), loss_fn=loss_fn, targets=[y] * steps, steps=steps,
+                      optimizer=lambda p: _optimizer(optimizer_name, p), rtol=1e-4, atol=1e-5, check_torch_ops=False)
+        return {"ok": True}
+    except AssertionError as e:
+        return {"ok": False, "message": str(e)[:2000]}
+
+
+def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+    deadline = time.monotonic() + args.budget
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "models": {},
+    }
+    import onnxruntime
+
+    results["onnxruntime"] = onnxruntime.__version__
+    for model_name in args.models:
+        entry: dict[str, Any] = {"title": CUDA_MODELS[model_name].title, "ms": {}, "memory": {}}
+        results["models"][model_name] = entry
+        if time.monotonic() > deadline:
+            entry["skipped"] = "over the time budget"
+            continue
+        if args.parity:
+            entry["parity"] = _parity(model_name, args.parity_steps)
+            log(f"{model_name}: parity {entry['parity']}")
+        for precision in args.precisions:
+            if time.monotonic() > deadline:
+                break
+            _set_precision(precision)
+            runners = {}
+            for contender in args.contenders:
+                torch._dynamo.reset()
+                try:
+                    step = _runner(model_name, contender)
+                    for _ in range(args.warmup):
+                        step()
+                    torch.cuda.synchronize()
+                    runners[contender] = step
+                except Exception as e:  # one contender failing leaves the others' figures
+                    entry["ms"][f"{contender}/{precision}"] = None
+                    entry.setdefault("errors", {})[f"{contender}/{precision}"] = f"{type(e).__name__}: {str(e)[:300]}"
+            for contender, ms in _time(runners, args.rounds, args.steps, log).items():
+                entry["ms"][f"{contender}/{precision}"] = ms
+            log(f"{model_name} {precision}: " + ", ".join(
+                f"{c} {entry['ms'].get(f'{c}/{precision}') or float('nan'):.2f}" for c in args.contenders))
+            del runners
+            torch.cuda.empty_cache()
+        for contender in args.memory_contenders if model_name in args.memory_models else ():
+            if time.monotonic() > deadline:
+                break
+            entry["memory"][contender] = _memory_in_fresh_process(model_name, contender, "fp32", 5, args.timeout)
+            log(f"{model_name} memory {contender}: {entry['memory'][contender]}")
+    return results
+
+
+def render_section(results: dict[str, Any]) -> str:
+    contenders = sorted({k.split("/")[0] for m in results["models"].values() for k in m["ms"]},
+                        key=list(CUDA_CONTENDERS).index)
+    lines = [
+        SECTION_START,
+        "## CUDA",
+        "",
+        f"Generated by `python -m aot2onnx bench --device cuda` on {results['date']}: {results['device']}, torch "
+        f"{results['torch']}, onnxruntime {results['onnxruntime']}. Training step in ms (median of alternating "
+        "blocks, one process), ratio to eager in brackets. fp32: TF32 off in torch and so in ONNX Runtime; tf32: on "
+        "in both. inductor-ro: `mode=\"reduce-overhead\"` (CUDA graphs). aot2onnx: the default options (CUDA graphs, "
+        "one shared arena); the other aot2onnx columns are its levers off or changed.",
+        "",
+        "| model | precision | " + " | ".join(contenders) + " | parity |",
+        "|---|---|" + "---:|" * len(contenders) + "---|",
+    ]
+    for name, m in results["models"].items():
+        for precision in PRECISIONS:
+            eager = m["ms"].get(f"eager/{precision}")
+            cells = []
+            for c in contenders:
+                ms = m["ms"].get(f"{c}/{precision}", "absent")
+                if ms == "absent":
+                    cells.append("")
+                elif ms is None:
+                    cells.append("failed")
+                else:
+                    cells.append(f"{ms:.2f}" + (f" ({ms / eager:.2f})" if eager and c != "eager" else ""))
+            if not any(cells):
+                continue
+            parity = m.get("parity", {})
+            verdict = "" if precision != "fp32" or not parity else ("ok" if parity.get("ok") else "**differs**")
+            lines.append(f"| {name} | {precision} | " + " | ".join(cells) + f" | {verdict} |")
+    memory_rows = [(n, c, v) for n, m in results["models"].items() for c, v in m.get("memory", {}).items()]
+    if memory_rows:
+        lines += ["", "Device memory held after 5 fp32 steps, fresh process per contender (GiB; torch's own peak "
+                  "allocation beside it), and the first step's seconds:", "",
+                  "| model | contender | device GiB | torch peak GiB | first step s |", "|---|---|---:|---:|---:|"]
+        for name, contender, v in memory_rows:
+            if "error" in v:
+                lines.append(f"| {name} | {contender} | failed: {v['error']} | | |")
+            else:
+                lines.append(f"| {name} | {contender} | {v['device_gib']:.2f} | {v['torch_peak_gib']:.2f} | "
+                             f"{v['first_step_s']:.1f} |")
+    errors = [(n, k, e) for n, m in results["models"].items() for k, e in m.get("errors", {}).items()]
+    errors += [(n, "parity", m["parity"]["message"].splitlines()[0]) for n, m in results["models"].items()
+               if m.get("parity") and not m["parity"].get("ok")]
+    if errors:
+        lines += ["", "Failures:", ""] + [f"- {n} {k}: {e}" for n, k, e in errors]
+    lines.append(SECTION_END)
+    return "\n".join(lines) + "\n"
+
+
+def write_section(path: str, section: str) -> None:
+    """Puts ``section`` into the report at ``path`` in place of an earlier one (or at its end)."""
+    text = open(path).read() if os.path.exists(path) else ""
+    if SECTION_START in text and SECTION_END in text:
+        before, rest = text.split(SECTION_START, 1)
+        text = before + section.rstrip("\n") + rest.split(SECTION_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + section
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def kept_section(path: str) -> str | None:
+    """The CUDA section of the report at ``path``, for the CPU benchmark to keep when it rewrites the file."""
+    if not os.path.exists(path):
+        return None
+    text = open(path).read()
+    if SECTION_START not in text or SECTION_END not in text:
+        return None
+    return SECTION_START + text.split(SECTION_START, 1)[1].split(SECTION_END, 1)[0] + SECTION_END + "\n"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m aot2onnx bench --device cuda", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--models", default="mlp,cnn,gpt-d256,gpt-d768,gpt2-small,mobilenet,bert")
+    p.add_argument("--contenders", default=",".join(CUDA_CONTENDERS))
+    p.add_argument("--precisions", default=",".join(PRECISIONS))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=4, help="untimed steps (CUDA graphs are captured in these)")
+    p.add_argument("--parity", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--parity-steps", type=int, default=5)
+    p.add_argument("--memory-models", default="gpt2-small")
+    p.add_argument("--memory-contenders", default="eager,aot2onnx,aot2onnx-torch-memory")
+    p.add_argument("--budget", type=float, default=540, help="seconds, after which no new measurement starts")
+    p.add_argument("--timeout", type=float, default=300, help="seconds allowed to each fresh process")
+    p.add_argument("--out", default="BENCHMARKS.md", help="the report whose CUDA section is (re)written")
+    p.add_argument("--json", default="", help="also write every figure as JSON here")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser().parse_args(argv)
+    split = lambda s: [v.strip() for v in s.split(",") if v.strip()]  # noqa: E731
+    args.models, args.contenders, args.precisions = split(args.models), split(args.contenders), split(args.precisions)
+    args.memory_models, args.memory_contenders = split(args.memory_models), split(args.memory_contenders)
+    unknown = [m for m in args.models if m not in CUDA_MODELS] + [c for c in args.contenders if c not in CUDA_CONTENDERS]
+    unknown += [p for p in args.precisions if p not in PRECISIONS]
+    if unknown:
+        parser().error(f"unknown models, contenders or precisions: {unknown}")
+    if not torch.cuda.is_available():
+        print("python -m aot2onnx bench --device cuda needs a CUDA device; torch sees none", file=sys.stderr)
+        return 2
+    results = run(args, log=lambda line: print(line, flush=True))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    section = render_section(results)
+    print(section)
+    write_section(args.out, section)
+    print(f"wrote the CUDA section of {args.out}")
+    return 0
