@@ -111,6 +111,14 @@ def _mlp_batch() -> tuple:
     return nn.Sequential(*layers), torch.randn(256, 1024), torch.randn(256, 1024), F.mse_loss
 
 
+_device = torch.device("cuda")
+
+
+def _sync() -> None:
+    if _device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _set_precision(precision: str) -> None:
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -125,7 +133,7 @@ def _runner(model_name: str, contender: str) -> Callable[[], None]:
     """One training step of a fresh copy of the model (seeded), compiled as ``contender`` says."""
     torch.manual_seed(0)
     model, x, y, loss_fn, optimizer_name = CUDA_MODELS[model_name].build()
-    model, x, y = model.cuda(), x.cuda(), y.cuda()
+    model, x, y = model.to(_device), x.to(_device), y.to(_device)
     backend, settings = CUDA_CONTENDERS[contender]
     if backend == "eager":
         forward = model
@@ -147,11 +155,11 @@ def _time(runners: dict[str, Callable[[], None]], rounds: int, steps: int, log: 
     blocks: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(rounds):
         for name, step in runners.items():
-            torch.cuda.synchronize()
+            _sync()
             start = time.perf_counter()
             for _ in range(steps):
                 step()
-            torch.cuda.synchronize()
+            _sync()
             blocks[name].append((time.perf_counter() - start) / steps * 1e3)
     return {name: statistics.median(b) for name, b in blocks.items()}
 
@@ -199,10 +207,10 @@ def _parity(model_name: str, steps: int) -> dict[str, Any]:
     _set_precision("fp32")
     torch.manual_seed(0)
     model, x, y, loss_fn, optimizer_name = CUDA_MODELS[model_name].build()
-    x, y = x.cuda(), y.cuda()
+    x, y = x.to(_device), y.to(_device)
     torch._dynamo.reset()
     try:
-        assert_parity(lambda: model.cuda(), (x,), loss_fn=loss_fn, targets=[y] * steps, steps=steps,
+        assert_parity(lambda: model.to(_device), (x,), loss_fn=loss_fn, targets=[y] * steps, steps=steps,
                       optimizer=lambda p: _optimizer(optimizer_name, p), rtol=1e-4, atol=1e-5, check_torch_ops=False)
         return {"ok": True}
     except AssertionError as e:
@@ -212,7 +220,7 @@ def _parity(model_name: str, steps: int) -> dict[str, Any]:
 def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     deadline = time.monotonic() + args.budget
     results: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0) if _device.type == "cuda" else "CPU", "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "models": {},
     }
     import onnxruntime
@@ -238,7 +246,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
                     step = _runner(model_name, contender)
                     for _ in range(args.warmup):
                         step()
-                    torch.cuda.synchronize()
+                    _sync()
                     runners[contender] = step
                 except Exception as e:  # one contender failing leaves the others' figures
                     entry["ms"][f"{contender}/{precision}"] = None
@@ -248,8 +256,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             log(f"{model_name} {precision}: " + ", ".join(
                 f"{c} {entry['ms'].get(f'{c}/{precision}') or float('nan'):.2f}" for c in args.contenders))
             del runners
-            torch.cuda.empty_cache()
-        for contender in args.memory_contenders if model_name in args.memory_models else ():
+            if _device.type == "cuda":
+                torch.cuda.empty_cache()
+        for contender in args.memory_contenders if model_name in args.memory_models and _device.type == "cuda" else ():
             if time.monotonic() > deadline:
                 break
             entry["memory"][contender] = _memory_in_fresh_process(model_name, contender, "fp32", 5, args.timeout)
@@ -334,7 +343,7 @@ def kept_section(path: str) -> str | None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m aot2onnx bench --device cuda", description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda", help="cuda; cpu runs the same harness on the CPU (a dry run)")
     p.add_argument("--models", default="mlp,cnn,gpt-d256,gpt-d768,gpt2-small,mobilenet,bert")
     p.add_argument("--contenders", default=",".join(CUDA_CONTENDERS))
     p.add_argument("--precisions", default=",".join(PRECISIONS))
@@ -361,9 +370,13 @@ def main(argv: Sequence[str]) -> int:
     unknown += [p for p in args.precisions if p not in PRECISIONS]
     if unknown:
         parser().error(f"unknown models, contenders or precisions: {unknown}")
-    if not torch.cuda.is_available():
+    global _device
+    _device = torch.device(args.device)
+    if _device.type == "cuda" and not torch.cuda.is_available():
         print("python -m aot2onnx bench --device cuda needs a CUDA device; torch sees none", file=sys.stderr)
         return 2
+    if _device.type not in ("cuda", "cpu"):
+        parser().error(f"--device takes cuda (or cpu, to try the harness), not {args.device}")
     results = run(args, log=lambda line: print(line, flush=True))
     if args.json:
         with open(args.json, "w") as f:
