@@ -11,7 +11,7 @@ __all__ = ["Options", "CUDA_MEMORY", "GRAPH_OPTIMIZATION_LEVELS", "PARTITIONERS"
 
 GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "layout", "all")
 PARTITIONERS = ("min_cut", "default")
-CUDA_MEMORY = ("arena", "torch")
+CUDA_MEMORY = ("session", "shared", "torch")
 
 # The opset torch_lib's rules are written against; a higher target is reached with the version converter
 # after lowering.
@@ -46,10 +46,11 @@ class Options:
         cache_dir: Where; ``None`` means ``$AOT2ONNX_CACHE_DIR`` or the user cache directory
             (``~/.cache/aot2onnx``). ``AOT2ONNX_CACHE_DIR=off`` turns the cache off.
         cuda_graphs: On CUDA, replay each graph with static shapes and no random ops as a CUDA graph
-            (``runtime/cuda.py``); a graph that cannot be captured runs plainly and says why once.
-        cuda_memory: Where ONNX Runtime's CUDA tensors come from: ``"arena"``, one ONNX Runtime arena per device
-            shared by every session, or ``"torch"``, torch's caching allocator (one pool, counted by
-            ``torch.cuda.memory_allocated``).
+            (``runtime/cuda.py``); a graph that cannot be captured runs plainly and says why once. Off by
+            default until the GPU check has measured it (scripts/gpu_check.sh).
+        cuda_memory: Where ONNX Runtime's CUDA tensors come from: ``"session"``, an arena of each session's own
+            (ONNX Runtime's default); ``"shared"``, one ONNX Runtime arena per device shared by every session;
+            ``"torch"``, torch's caching allocator (one pool, counted by ``torch.cuda.memory_allocated``).
     """
 
     providers: tuple[str, ...] | None = None
@@ -64,8 +65,8 @@ class Options:
     fallback: bool = True
     cache: bool = True
     cache_dir: str | None = None
-    cuda_graphs: bool = True
-    cuda_memory: str = "arena"
+    cuda_graphs: bool = False
+    cuda_memory: str = "session"
 
     def __post_init__(self) -> None:
         if self.providers is not None:

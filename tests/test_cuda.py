@@ -48,7 +48,7 @@ def test_trains_as_eager_on_cuda(name, cuda_graphs):
     statistics written back, parameters moved by SGD in place: every loss, gradient, parameter and buffer as
     eager's, fp32."""
     model, x, y, loss_fn = _batch(name)
-    backend = aot2onnx.backend(cuda_graphs=cuda_graphs, cache=False)
+    backend = aot2onnx.backend(cuda_graphs=cuda_graphs, cuda_memory="shared", cache=False)
     report = assert_parity(lambda: model.cuda(), (x,), loss_fn=loss_fn, targets=[y], steps=8, backend=backend,
                            rtol=1e-4, atol=1e-5, check_torch_ops=False)
     graphs = [g for g in report.graphs if g.session is not None]
@@ -65,7 +65,7 @@ def test_replays_follow_new_batches_and_moved_parameters():
     elsewhere (the graph is captured anew)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).cuda()
-    compiled = torch.compile(model, backend="aot2onnx", options={"cache": False})
+    compiled = torch.compile(model, backend="aot2onnx", options={"cache": False, "cuda_graphs": True})
     for step in range(8):
         x = torch.randn(16, 64, device="cuda")
         if step == 5:

@@ -141,8 +141,9 @@ def test_provider_options_carry_precision_stream_and_memory(monkeypatch):
     monkeypatch.setattr(cuda, "_preloaded", True)
     device = torch.device("cuda", 0)
     plain = cuda.provider_options(device, Options(), tf32=False, cuda_graph=False)
-    assert plain == {"device_id": "0", "user_compute_stream": "12345", "use_tf32": "0",
-                     "arena_extend_strategy": "kSameAsRequested"}
+    assert plain == {"device_id": "0", "user_compute_stream": "12345", "use_tf32": "0"}
+    shared = cuda.provider_options(device, Options(cuda_memory="shared"), tf32=False, cuda_graph=False)
+    assert shared["arena_extend_strategy"] == "kSameAsRequested"
     graphed = cuda.provider_options(device, Options(cuda_memory="torch"), tf32=True, cuda_graph=True)
     assert graphed["use_tf32"] == "1" and graphed["enable_cuda_graph"] == "1"
     assert all(int(graphed[k]) != 0 for k in ("gpu_external_alloc", "gpu_external_free", "gpu_external_empty_cache"))

@@ -11,8 +11,9 @@ graphs replayed as CUDA graphs.
 - **Memory.** With ``cuda_memory="torch"`` ONNX Runtime allocates from torch's caching allocator (the CUDA
   provider's ``gpu_external_alloc``/``gpu_external_free``/``gpu_external_empty_cache``, as ORTModule did), so
   ``torch.cuda.memory_allocated`` counts its tensors and ``torch.cuda.empty_cache`` frees both. With
-  ``"arena"`` every session of a device shares one ONNX Runtime arena that grows by what is asked, not by
-  doubling.
+  ``"shared"`` every session of a device shares one ONNX Runtime arena that grows by what is asked, not by
+  doubling. ``"session"`` (the default until the GPU check has measured the others) leaves each session its
+  own arena, as ONNX Runtime does.
 - **CUDA graphs** (:class:`GraphedRuns`): a graph with static shapes and no random ops is captured once and
   replayed, its inputs and outputs at fixed addresses.
 """
@@ -159,7 +160,7 @@ def provider_options(device: torch.device, options: Options, *, tf32: bool, cuda
         settings["enable_cuda_graph"] = "1"
     if options.cuda_memory == "torch":
         settings.update(_torch_allocator(index, stream))
-    else:
+    elif options.cuda_memory == "shared":
         settings["arena_extend_strategy"] = "kSameAsRequested"
         _share_arena(index)
     return settings
