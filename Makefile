@@ -17,13 +17,14 @@ PYTEST := -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: demo test test-slow lint bench clean check-latest lock
 
-$(STAMP): pyproject.toml Makefile requirements.lock
+$(STAMP): pyproject.toml Makefile requirements.lock aot2onnx/runtime/fused_ops.cc
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q pip==$(PIP_VERSION)
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps -e .
 	$(PY) -m pip check
+	$(PY) -m aot2onnx kernels build
 	touch $(STAMP)
 
 demo: $(STAMP)

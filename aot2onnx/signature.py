@@ -29,8 +29,12 @@ RANDOM_OPS = frozenset(
     {"Dropout", "RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike", "Bernoulli", "Multinomial"}
 )
 
+# The domain of aot2onnx's fused training kernels (runtime/fused_ops.cc): lowered to where the compile backend's
+# CPU sessions load them (lower/ops/fused_kernels.py), never in an exported artifact.
+FUSED_DOMAIN = "aot2onnx.fused"
+
 __all__ = [
-    "InputKind", "OutputKind", "InputSpec", "OutputSpec", "MutationSpec", "CheckSpec", "GraphSignature", "LoweredGraph", "RANDOM_OPS",
+    "InputKind", "OutputKind", "InputSpec", "OutputSpec", "MutationSpec", "CheckSpec", "GraphSignature", "LoweredGraph", "RANDOM_OPS", "FUSED_DOMAIN",
 ]
 
 

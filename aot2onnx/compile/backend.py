@@ -32,9 +32,10 @@ from aot2onnx.compile.fallback import FallbackGraph, blamed_nodes, split_unsuppo
 from aot2onnx.compile.graph_breaks import install as install_graph_break_notes
 from aot2onnx.compile.graph_breaks import mark_backend
 from aot2onnx.errors import LoweringError, RuntimeSessionError, UnsupportedOpError
-from aot2onnx.lower.registry import default_registry, user_rules
+from aot2onnx.lower.registry import Registry, default_registry, fused_registry, user_rules
 from aot2onnx.lower.seeds import reseed
 from aot2onnx.options import Options
+from aot2onnx.runtime import fused
 from aot2onnx.runtime.kernels import require_runnable
 from aot2onnx.runtime.session import OrtGraph
 from aot2onnx.signature import LoweredGraph
@@ -110,20 +111,34 @@ class _TableOnFirstUse(Mapping):
 _decomposition_tables: dict[tuple, _TableOnFirstUse] = {}
 
 
-def _decompositions(opset: int, cache: GraphCache | None) -> Mapping:
-    """The decomposition table for what aot2onnx lowers at ``opset``, built on first use.
+def _uses_fused_kernels(device: torch.device) -> bool:
+    """Whether graphs on ``device`` lower to aot2onnx's fused kernels: CPU graphs, where the library is built
+    (said once where it is not)."""
+    if device.type != "cpu":
+        return False
+    fused.note_missing_once()
+    return fused.library() is not None
+
+
+def _registry(with_fused: bool) -> Registry:
+    return fused_registry() if with_fused else default_registry()
+
+
+def _decompositions(opset: int, cache: GraphCache | None, with_fused: bool) -> Mapping:
+    """The decomposition table for what aot2onnx lowers at ``opset`` (with the fused kernels' ops, where the
+    graphs use them), built on first use.
 
     Which ops lower is a property of the environment and the user's rules, so it is kept in the disk
     cache too: a later process then captures without building torch_lib's registry (about a second).
     """
-    memo_key = (opset, _user_rule_keys())
+    memo_key = (opset, _user_rule_keys(), fused.build_id() if with_fused else "none")
     if memo_key not in _decomposition_tables:
 
         def build() -> dict:
             key = environment_key("lowerable ops", *memo_key)
             names = cache.load_json(key) if cache is not None else None
             if names is None:
-                names = lowerable_names(default_registry(), opset)
+                names = lowerable_names(_registry(with_fused), opset)
                 if cache is not None:
                     cache.store_json(key, names)
             return decomposition_table(names)
@@ -150,11 +165,14 @@ def _graph_label(gm: torch.fx.GraphModule) -> str:
     return "graph"
 
 
-def _aot_cache_dir(cache: GraphCache, options: Options) -> pathlib.Path:
+def _aot_cache_dir(cache: GraphCache, options: Options, with_fused: bool) -> pathlib.Path:
     """Where AOTAutogradCache keeps this configuration's entries: its key covers the Dynamo graph, the
-    inputs and torch's settings, and the directory covers the rest (options, user rules, our source)."""
+    inputs and torch's settings, and the directory covers the rest (options, user rules, our source, the fused
+    kernels' build: they decide which ops the captured graphs keep whole)."""
     settings = repr(dataclasses.replace(options, cache_dir=None))
-    return cache.directory / "aot" / environment_key("AOTAutograd", package_fingerprint(), settings, _user_rule_keys())
+    kernels = fused.build_id() if with_fused else "none"
+    return cache.directory / "aot" / environment_key("AOTAutograd", package_fingerprint(), settings, _user_rule_keys(),
+                                                     kernels)
 
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: Options) -> Callable:
@@ -163,12 +181,13 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, optio
     device = _device_of(example_inputs)
     label = f"g{next(_graph_ids):03d}_{_graph_label(gm)}"
     cache = _graph_cache(options)
+    with_fused = _uses_fused_kernels(device)
 
     def compile_graph(
         graph: torch.fx.GraphModule, inputs: Sequence[Any], kind: GraphKind, capture_s: float
     ) -> tuple[OrtGraph | FallbackGraph, str | None]:
         try:
-            return _compile_graph(graph, f"{label}_{kind.value}", _Job(kind, device, options, cache, capture_s))
+            return _compile_graph(graph, f"{label}_{kind.value}", _Job(kind, device, options, cache, capture_s, with_fused))
         except (LoweringError, RuntimeSessionError) as e:
             if not isinstance(e, UnsupportedOpError):
                 _raise_torch_refusal(graph, e)
@@ -180,17 +199,17 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, optio
         cached = cache.load(key)
         if cached is None:
             raise LookupError(f"aot2onnx: the lowered {kind.value} graph {key} is not in the cache any more")
-        job = _Job(kind, device, options, cache, 0.0)
+        job = _Job(kind, device, options, cache, 0.0, with_fused)
         return _start_cached(cached, f"{label}_{kind.value}", job, start, "cache hit, no capture")
 
     return capture(
         gm,
         example_inputs,
         compile_graph=compile_graph,
-        decompositions=_decompositions(options.opset, cache),
+        decompositions=_decompositions(options.opset, cache, with_fused),
         partitioner=options.partitioner,
         load_graph=load_graph if cache is not None else None,
-        cache_dir=_aot_cache_dir(cache, options) if cache is not None else None,
+        cache_dir=_aot_cache_dir(cache, options, with_fused) if cache is not None else None,
         authenticator=cache.authenticator if cache is not None else None,
     )
 
@@ -204,6 +223,11 @@ class _Job:
     options: Options
     cache: GraphCache | None
     capture_s: float  # the capture's time, reported with the graph's
+    with_fused: bool = False  # lowered with the fused kernels' rules (``runtime/fused.py``)
+
+    @property
+    def registry(self) -> Registry:
+        return _registry(self.with_fused)
 
 
 def _compile_graph(graph: torch.fx.GraphModule, name: str, job: _Job) -> tuple[OrtGraph | FallbackGraph, str | None]:
@@ -226,7 +250,7 @@ def _compile_graph(graph: torch.fx.GraphModule, name: str, job: _Job) -> tuple[O
         return _split(graph, name, job, refusal), None
     found = _lookup(graph, job)
     # Only whole lowerings are stored, so a hit needs neither the registry nor the check for unsupported ops.
-    if found[1] is None and options.fallback and unsupported_targets(graph, default_registry(), options.opset):
+    if found[1] is None and options.fallback and unsupported_targets(graph, job.registry, options.opset):
         return _split(graph, name, job, None), None
     try:
         return _compile_whole(graph, name, job, found, start)
@@ -268,7 +292,8 @@ def _lookup(graph: torch.fx.GraphModule, job: _Job) -> tuple[str | None, CachedG
     """The graph's key in the graph cache and what the cache holds under it (``None, None`` without a cache)."""
     if job.cache is None:
         return None, None
-    key = graph_key(graph, opset=job.options.opset, rules=list(user_rules()), device_type=job.device.type)
+    key = graph_key(graph, opset=job.options.opset, rules=list(user_rules()), device_type=job.device.type,
+                    kernels=fused.build_id() if job.with_fused else "none")
     return key, job.cache.load(key)
 
 
@@ -286,7 +311,7 @@ def _split(graph: torch.fx.GraphModule, name: str, job: _Job, failure: Exception
             raise  # the fallback runs the partition's nodes in PyTorch
 
     return split_unsupported(
-        graph, name=name, registry=default_registry(), opset=job.options.opset, compile_partition=compile_partition,
+        graph, name=name, registry=job.registry, opset=job.options.opset, compile_partition=compile_partition,
         failure=failure,
     )
 
@@ -302,8 +327,7 @@ def _compile_whole(
         return _start_cached(cached, name, job, start, "cache hit"), key
     from aot2onnx.lower.translate import lower_graph
 
-    lowered = lower_graph(graph, name=name, opset=options.opset, registry=default_registry(),
-                          device_type=job.device.type)
+    lowered = lower_graph(graph, name=name, opset=options.opset, registry=job.registry, device_type=job.device.type)
     if options.check_model:
         try:
             onnx.checker.check_model(lowered.model)

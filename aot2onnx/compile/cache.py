@@ -493,14 +493,16 @@ def _tensor_bytes(tensor: torch.Tensor) -> bytes:
         return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
 
 
-def graph_key(gm: torch.fx.GraphModule, *, opset: int, rules: Iterable[Any], device_type: str = "cpu") -> str:
-    """The cache key of lowering ``gm`` at ``opset`` for ``device_type``; ``rules`` are the user's lowering rules.
+def graph_key(gm: torch.fx.GraphModule, *, opset: int, rules: Iterable[Any], device_type: str = "cpu",
+              kernels: str = "none") -> str:
+    """The cache key of lowering ``gm`` at ``opset`` for ``device_type``; ``rules`` are the user's lowering rules,
+    ``kernels`` the build id of the fused kernels it lowers to (``runtime.fused.build_id``), or "none".
 
     aot2onnx's own rules and torch_lib's are covered by the source digest and the versions; a user's rule
     by :func:`rule_key`, so editing it, or changing a value it reads, invalidates what it lowered.
     """
     digest = hashlib.sha256()
-    digest.update(f"{_FORMAT};{_environment_fingerprint()};opset={opset};device={device_type};".encode())
+    digest.update(f"{_FORMAT};{_environment_fingerprint()};opset={opset};device={device_type};kernels={kernels};".encode())
     for node in gm.graph.nodes:
         digest.update(f"{node.op}|{node.name}|{node.target}|{node.args}|{node.kwargs}|".encode())
         digest.update(_describe_value(node.meta.get("val")).encode())

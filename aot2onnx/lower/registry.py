@@ -21,6 +21,7 @@ __all__ = [
     "Registry",
     "Rule",
     "default_registry",
+    "fused_registry",
     "register_lowering",
     "scoped_lowerings",
     "unregister_lowering",
@@ -34,6 +35,7 @@ Target = Any  # torch._ops.OpOverload or a Python builtin such as operator.mul
 
 class Origin:
     PROJECT = "aot2onnx"
+    FUSED = "aot2onnx fused kernel"
     USER = "user"
     TORCHLIB = "torch_lib"
 
@@ -71,7 +73,7 @@ def _key(target: Target) -> Any:
 class Registry:
     """Lowering rules by target, with explicit priority: user, then project, then torch_lib."""
 
-    _PRIORITY = {Origin.USER: 0, Origin.PROJECT: 1, Origin.TORCHLIB: 2}
+    _PRIORITY = {Origin.USER: 0, Origin.FUSED: 1, Origin.PROJECT: 2, Origin.TORCHLIB: 3}
 
     def __init__(self) -> None:
         self._rules: dict[Any, list[Rule]] = {}
@@ -105,6 +107,7 @@ class Registry:
 
 
 _PROJECT_RULES: list[Rule] = []
+_FUSED_RULES: list[Rule] = []
 _USER_RULES: list[Rule] = []
 
 
@@ -124,7 +127,7 @@ def _decorator(
         for rule in same:
             rules.remove(rule)
         rules.append(Rule(target, function, opset, origin, is_complex))
-        default_registry.cache_clear()  # the next compilation sees the new rule
+        _clear_registries()  # the next compilation sees the new rule
         return function
 
     return decorate
@@ -139,6 +142,17 @@ def project_rule(target: Target, *, opset: int = 18, is_complex: bool = False) -
     return _decorator(target, opset, Origin.PROJECT, _PROJECT_RULES, is_complex=is_complex)
 
 
+def fused_rule(target: Target) -> Callable[[Callable], Callable]:
+    """Decorator for the rules that lower an op to one of aot2onnx's fused kernels (``runtime/fused_ops.cc``):
+    they are in :func:`fused_registry` only, which the compile backend uses where the kernels are built."""
+    return _decorator(target, 18, Origin.FUSED, _FUSED_RULES)
+
+
+def _clear_registries() -> None:
+    default_registry.cache_clear()
+    fused_registry.cache_clear()
+
+
 def unregister_lowering(target: Target) -> int:
     """Removes the user lowerings of ``target``; returns how many there were."""
     _check_target(target)
@@ -146,7 +160,7 @@ def unregister_lowering(target: Target) -> int:
     for rule in gone:
         _USER_RULES.remove(rule)
     if gone:
-        default_registry.cache_clear()
+        _clear_registries()
     return len(gone)
 
 
@@ -164,7 +178,7 @@ def scoped_lowerings() -> Iterator[None]:
     finally:
         if _USER_RULES != saved:
             _USER_RULES[:] = saved
-            default_registry.cache_clear()
+            _clear_registries()
 
 
 def register_lowering(target: Target, *, opset: int = 18, override: bool = False) -> Callable[[Callable], Callable]:
@@ -225,3 +239,15 @@ def default_registry() -> Registry:
         registry.add(rule)
     return registry
 
+
+@functools.cache
+def fused_registry() -> Registry:
+    """:func:`default_registry` and the rules that lower ops to aot2onnx's fused kernels, which take precedence
+    over aot2onnx's and torch_lib's rules (a user's rule still comes first). For CPU sessions that load the
+    kernels' library; exports and CUDA sessions use the default registry."""
+    from aot2onnx.lower import ops  # noqa: F401  (registers the project and fused rules)
+
+    registry = Registry()
+    for rule in (*_torchlib_rules(), *_PROJECT_RULES, *_FUSED_RULES, *_USER_RULES):
+        registry.add(rule)
+    return registry

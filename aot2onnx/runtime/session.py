@@ -21,7 +21,7 @@ from torch.utils.dlpack import from_dlpack as _from_capsule
 
 from aot2onnx.errors import RuntimeSessionError
 from aot2onnx.options import Options
-from aot2onnx.runtime import cuda
+from aot2onnx.runtime import cuda, fused
 from aot2onnx.runtime.inplace import writable_in_place
 from aot2onnx.runtime.nchwc import DOMAIN as NCHWC
 from aot2onnx.runtime.nchwc import rewrite_convolutions
@@ -29,6 +29,7 @@ from aot2onnx.runtime.precision import compute_in_float
 from aot2onnx.signature import (
     CHECK_LINALG,
     CHECK_NEGATIVE_INDEX,
+    FUSED_DOMAIN,
     RANDOM_OPS,
     GraphKind,
     GraphSignature,
@@ -153,8 +154,21 @@ def _share_cpu_arena() -> None:
         _arena_registered = True
 
 
-def session_options(options: Options, intra_op_threads: int | None = None) -> ort.SessionOptions:
+def uses_fused_kernels(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` has nodes of aot2onnx's fused kernels (``runtime/fused.py``)."""
+    return any(o.domain == FUSED_DOMAIN for o in model.opset_import)
+
+
+def session_options(options: Options, intra_op_threads: int | None = None, *,
+                    fused_kernels: bool = False) -> ort.SessionOptions:
+    """A session's options; with the library of aot2onnx's fused kernels for a model that has their ops."""
     so = ort.SessionOptions()
+    if fused_kernels:
+        path = fused.library()
+        if path is None:
+            raise RuntimeSessionError(f"the model uses aot2onnx's fused kernels, which this process lacks: "
+                                      f"{fused.missing_reason()}")
+        so.register_custom_ops_library(path)
     so.intra_op_num_threads = intra_op_threads or options.intra_op_num_threads or torch.get_num_threads()
     so.inter_op_num_threads = options.inter_op_num_threads
     so.graph_optimization_level = _OPT_LEVELS[options.graph_optimization_level]
@@ -323,6 +337,7 @@ class _ThreadTrial:
     model_bytes: bytes
     disabled_optimizers: list[str]
     options: ort.SessionOptions  # the first session's, whose profiling settings the second one keeps
+    fused_kernels: bool
     calls: int = 0
     other: _Runner | None = None
     mine_s: list[float] = dataclasses.field(default_factory=list)
@@ -347,7 +362,7 @@ class _Runner:
 
     @staticmethod
     def create(trial: _ThreadTrial, options: Options) -> _Runner:
-        so = session_options(options, intra_op_threads=1)
+        so = session_options(options, intra_op_threads=1, fused_kernels=trial.fused_kernels)
         if trial.options.enable_profiling:
             so.enable_profiling = True
             so.profile_file_prefix = trial.options.profile_file_prefix
@@ -430,6 +445,7 @@ class OrtGraph:
         self._trial: _ThreadTrial | None = None
         self.nchwc_convolutions = 0  # Conv nodes moved to ONNX Runtime's blocked layout (nchwc.py)
         self.float32_nodes = 0  # low-precision nodes computed in float32, having no kernel (precision.py)
+        self.fused_kernels = False  # whether the graph runs nodes of aot2onnx's fused kernels (runtime/fused.py)
         self._cuda = device.type == "cuda" and options.providers is None
         self._op_types = cuda.graph_op_types(model)
         self._precision = cuda.precision_settings() if self._cuda else None
@@ -457,10 +473,11 @@ class OrtGraph:
                     self._in_place = writable_in_place(model, signature)
                 model_bytes = model.SerializeToString()
                 disabled = _disabled_optimizers(model)
-                sess_options = session_options(options)
+                self.fused_kernels = uses_fused_kernels(model)
+                sess_options = session_options(options, fused_kernels=self.fused_kernels)
                 self._session = self._open(model_bytes, sess_options, providers, disabled)
                 if _thread_trial_applies(model, options, providers, sess_options):
-                    self._trial = _ThreadTrial(model_bytes, disabled, sess_options)
+                    self._trial = _ThreadTrial(model_bytes, disabled, sess_options, self.fused_kernels)
             except RuntimeSessionError:
                 raise
             except Exception as e:

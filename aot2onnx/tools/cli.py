@@ -1,4 +1,4 @@
-"""``python -m aot2onnx <command>``: coverage, export, bench.
+"""``python -m aot2onnx <command>``: coverage, export, bench, parity, kernels.
 
 Each command lives in its own module, imported only when run, with a ``main(argv) -> int`` entry point.
 """
@@ -13,6 +13,7 @@ _COMMANDS = {
     "export": ("aot2onnx.artifact.export", "export forward/backward/optimizer ONNX models for on-device training"),
     "bench": ("aot2onnx.tools.bench", "time training steps: eager, inductor and aot2onnx side by side"),
     "parity": ("aot2onnx.tools.parity", "where ONNX Runtime and eager part in one training step, down to the node"),
+    "kernels": ("aot2onnx.runtime.fused", "build aot2onnx's fused training kernels (make demo and make test do)"),
 }
 
 

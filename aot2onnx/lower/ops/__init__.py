@@ -9,6 +9,7 @@ from aot2onnx.lower.ops import (  # noqa: F401
     core,
     distance,
     fused,
+    fused_kernels,
     indexing,
     linalg,
     loss,

@@ -1,0 +1,114 @@
+"""Backward ops lowered to one of aot2onnx's fused kernels each (``runtime/fused_ops.cc``: ATen's own CPU kernel
+run on ONNX Runtime's buffers), where the standard lowering spells them as chains of ONNX nodes, or where
+AOTAutograd decomposes them for want of a rule: a ReLU gradient (LessOrEqual, Where), a softmax gradient
+(Mul, ReduceSum, Sub, Mul), a layer norm's backward (two dozen nodes). One node, eager's values bit for bit.
+
+Only in :func:`aot2onnx.lower.registry.fused_registry`, which the compile backend uses for CPU graphs where the
+library is built; with it, these ops are also kept whole by the decomposition table. A node whose tensors are
+not all of one float dtype (the kernels take float32, float64, float16 and bfloat16 alike, as ATen does, but
+one dtype throughout) is refused with the reason, and runs in PyTorch.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+import onnxscript
+import torch
+
+from aot2onnx.errors import LoweringError
+from aot2onnx.lower.registry import fused_rule
+from aot2onnx.signature import FUSED_DOMAIN
+
+aten = torch.ops.aten
+
+__all__ = ["FUSED_TARGETS"]
+
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _fused(op_type: str, inputs: list[ir.Value | None], num_outputs: int = 1, **attributes: object) -> list[ir.Value]:
+    """One node of the fused kernels' domain, its inputs of one float dtype, its outputs typed like them."""
+    dtypes = {v.dtype for v in inputs if v is not None}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _FLOATS:
+        raise LoweringError(f"the fused {op_type} takes tensors of one float dtype, got {sorted(map(str, dtypes))}")
+    node = ir.node(op_type, inputs, attributes=attributes, domain=FUSED_DOMAIN, num_outputs=num_outputs)
+    onnxscript.evaluator.default().nodes.append(node)
+    return list(node.outputs)
+
+
+@fused_rule(aten.threshold_backward.default)
+def aten_threshold_backward(grad_output, self, threshold):
+    """threshold_backward(Tensor grad_output, Tensor self, Scalar threshold) -> Tensor"""
+    # A float attribute is float32 in ONNX: the Python scalar travels exactly, as float.hex().
+    return _fused("ThresholdBackward", [grad_output, self], threshold=float(threshold).hex())[0]
+
+
+@fused_rule(aten.gelu_backward.default)
+def aten_gelu_backward(grad_output, self, approximate: str = "none"):
+    """gelu_backward(Tensor grad_output, Tensor self, *, str approximate="none") -> Tensor"""
+    return _fused("GeluBackward", [grad_output, self], approximate=approximate)[0]
+
+
+def _binary(op_type: str):
+    def rule(grad_output, x):
+        return _fused(op_type, [grad_output, x])[0]
+
+    rule.__name__ = rule.__qualname__ = f"aten_{op_type}"
+    return rule
+
+
+for _target, _op_type in (
+    (aten.hardswish_backward.default, "HardswishBackward"),
+    (aten.silu_backward.default, "SiluBackward"),
+    (aten.tanh_backward.default, "TanhBackward"),
+    (aten.sigmoid_backward.default, "SigmoidBackward"),
+):
+    fused_rule(_target)(_binary(_op_type))
+
+
+def _softmax_backward(op_type: str):
+    def rule(grad_output, output, dim: int, input_dtype):
+        # input_dtype is the forward input's (the exporter hands it over as an ONNX data type): a softmax computed
+        # in another dtype than its gradient's (half_to_float) is not fused.
+        dtype = ir.DataType(input_dtype)
+        if dtype != grad_output.dtype:
+            raise LoweringError(f"the fused {op_type} needs the forward's input in the gradient's dtype, got {dtype}")
+        return _fused(op_type, [grad_output, output], dim=int(dim))[0]
+
+    rule.__name__ = rule.__qualname__ = f"aten_{op_type}"
+    return rule
+
+
+fused_rule(aten._softmax_backward_data.default)(_softmax_backward("SoftmaxBackward"))
+fused_rule(aten._log_softmax_backward_data.default)(_softmax_backward("LogSoftmaxBackward"))
+
+
+@fused_rule(aten.native_layer_norm_backward.default)
+def aten_native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    """native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd,
+    Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"""
+    if any(not isinstance(d, int) for d in normalized_shape):
+        raise LoweringError("the fused LayerNormBackward takes a normalized shape of plain sizes")
+    if weight is None and bias is not None:
+        raise LoweringError("the fused LayerNormBackward takes a bias only beside a weight")
+    # mean and rstd are float32 for a 16-bit input (ATen keeps the statistics in float32): one dtype otherwise.
+    if input.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        raise LoweringError("the fused LayerNormBackward takes float32 or float64 tensors")
+    inputs = [v for v in (grad_out, input, mean, rstd, weight, bias) if v is not None]
+    # The kernel computes every gradient it has an output for: the input's, then the weight's and the bias's
+    # where they exist (ATen's values do not depend on which are asked for).
+    outputs = iter(_fused("LayerNormBackward", inputs, num_outputs=len(inputs) - 3,
+                          normalized_shape=list(normalized_shape)))
+    grad_input = next(outputs)
+    grad_weight = next(outputs) if weight is not None else None
+    grad_bias = next(outputs) if bias is not None else None
+    return (grad_input if output_mask[0] else None, grad_weight if output_mask[1] else None,
+            grad_bias if output_mask[2] else None)
+
+
+FUSED_TARGETS = (
+    aten.threshold_backward.default, aten.gelu_backward.default, aten.hardswish_backward.default,
+    aten.silu_backward.default, aten.tanh_backward.default, aten.sigmoid_backward.default,
+    aten._softmax_backward_data.default, aten._log_softmax_backward_data.default,
+    aten.native_layer_norm_backward.default,
+)

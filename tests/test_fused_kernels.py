@@ -1,0 +1,190 @@
+"""aot2onnx's fused training kernels (runtime/fused_ops.cc) against eager: each fused backward op gives eager's
+gradient bit for bit (ATen's own kernel runs inside ONNX Runtime), in every float dtype, at NaN, infinities and
+signed zeros too; the compile backend's CPU graphs use them; exports and CUDA graphs never do; the cache keys on
+the library's build; a process without the library trains on standard operators and says so once."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import aot2onnx
+from aot2onnx.compile import backend as backend_module
+from aot2onnx.runtime import compiled_graphs, fused
+
+NAN, INF = float("nan"), float("inf")
+
+pytestmark = pytest.mark.skipif(fused.library() is None, reason=f"{fused.missing_reason()}")
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+aten = torch.ops.aten
+
+
+def _values(dtype: torch.dtype, special: bool, seed: int, shape=(6, 5, 16)) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * 3
+    if x.dim() == 3:
+        x[0, 0, :4] = 0.0  # ReLU's and threshold's boundary
+        x[0, 1, :4] = -0.0
+        x[0, 2, 0] = 0.1  # threshold's own value
+    if special and x.dim() == 3:
+        x[1, 0, 3], x[2, 1, 5], x[3, 2, 7] = NAN, INF, -INF
+    return x.to(dtype)
+
+
+def _softmax_out(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    return (torch.log_softmax if log else torch.softmax)(x, dim)
+
+
+def _layer_norm_args(dtype: torch.dtype, special: bool, affine: bool):
+    x = _values(dtype, special, 1)
+    w = _values(dtype, False, 2, (16,)) if affine else None
+    b = _values(dtype, False, 3, (16,)) if affine else None
+    _, mean, rstd = aten.native_layer_norm(x, [16], w, b, 1e-5)
+    return x, mean, rstd, w, b
+
+
+# (name, the fused node, dtypes, a function of (dtype, special) -> eager's call of the backward op on its
+# arguments). Each is compiled as it is, so the node under test reads exactly eager's arguments.
+CASES = [
+    ("relu", "ThresholdBackward", DTYPES,
+     lambda d, s: (lambda g, x: aten.threshold_backward(g, x, 0), _values(d, s, 0), _values(d, s, 1))),
+    ("threshold", "ThresholdBackward", DTYPES,
+     lambda d, s: (lambda g, x: aten.threshold_backward(g, x, 0.1), _values(d, s, 0), _values(d, s, 1))),
+    ("gelu", "GeluBackward", DTYPES,
+     lambda d, s: (lambda g, x: aten.gelu_backward(g, x), _values(d, s, 0), _values(d, s, 1))),
+    ("gelu_tanh", "GeluBackward", DTYPES,
+     lambda d, s: (lambda g, x: aten.gelu_backward(g, x, approximate="tanh"), _values(d, s, 0), _values(d, s, 1))),
+    ("hardswish", "HardswishBackward", DTYPES,
+     lambda d, s: (lambda g, x: aten.hardswish_backward(g, x), _values(d, s, 0), _values(d, s, 1))),
+    ("silu", "SiluBackward", DTYPES,
+     lambda d, s: (lambda g, x: aten.silu_backward(g, x), _values(d, s, 0), _values(d, s, 1))),
+    ("tanh", "TanhBackward", DTYPES,
+     lambda d, s: (lambda g, y: aten.tanh_backward(g, y), _values(d, s, 0), torch.tanh(_values(d, s, 1)))),
+    ("sigmoid", "SigmoidBackward", DTYPES,
+     lambda d, s: (lambda g, y: aten.sigmoid_backward(g, y), _values(d, s, 0), torch.sigmoid(_values(d, s, 1)))),
+    ("softmax", "SoftmaxBackward", DTYPES,
+     lambda d, s: (lambda g, y: aten._softmax_backward_data(g, y, -1, d), _values(d, s, 0),
+                   _softmax_out(_values(d, s, 1), -1, False))),
+    ("softmax_dim1", "SoftmaxBackward", DTYPES,
+     lambda d, s: (lambda g, y: aten._softmax_backward_data(g, y, 1, d), _values(d, s, 0),
+                   _softmax_out(_values(d, s, 1), 1, False))),
+    ("log_softmax", "LogSoftmaxBackward", DTYPES,
+     lambda d, s: (lambda g, y: aten._log_softmax_backward_data(g, y, -1, d), _values(d, s, 0),
+                   _softmax_out(_values(d, s, 1), -1, True))),
+    ("layer_norm", "LayerNormBackward", [torch.float32, torch.float64],
+     lambda d, s: (lambda g, x, m, r, w, b: aten.native_layer_norm_backward(g, x, [16], m, r, w, b, [True, True, True]),
+                   _values(d, s, 0), *_layer_norm_args(d, s, True))),
+    ("layer_norm_input_only", "LayerNormBackward", [torch.float32, torch.float64],
+     lambda d, s: (lambda g, x, m, r: aten.native_layer_norm_backward(g, x, [16], m, r, None, None, [True, False, False])[0],
+                   _values(d, s, 0), *_layer_norm_args(d, s, False)[:3])),
+]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit: the same values, the same NaN, the signs of zeros."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize("special", [False, True], ids=["finite", "nan_inf"])
+@pytest.mark.parametrize(("name", "node", "dtypes", "make"), CASES, ids=[c[0] for c in CASES])
+def test_fused_op_is_eagers_bit_for_bit(name, node, dtypes, make, special):
+    for dtype in dtypes:
+        torch._dynamo.reset()
+        fn, *args = make(dtype, special)
+        expected = fn(*args)
+        actual = torch.compile(fn, backend="aot2onnx", options={"cache": False, "fallback": False})(*args)
+        graph = compiled_graphs()[-1]
+        assert graph.op_counts.get(node, 0) == 1 and graph.fused_kernels, (dtype, dict(graph.op_counts))
+        for a, e in zip(torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected)):
+            assert _same(a, e), (name, dtype, (a.double() - e.double()).abs().nan_to_num().max())
+
+
+TRAINING = [
+    ("relu", lambda x, w: F.relu(x) * w, "ThresholdBackward"),
+    ("gelu", lambda x, w: F.gelu(x) * w, "GeluBackward"),
+    ("softmax", lambda x, w: torch.softmax(x * w, -1), "SoftmaxBackward"),
+    ("log_softmax", lambda x, w: torch.log_softmax(x * w, -1), "LogSoftmaxBackward"),
+    ("layer_norm", lambda x, w: F.layer_norm(x, (16,), w, w * 0.5), "LayerNormBackward"),
+]
+
+
+@pytest.mark.parametrize(("name", "fn", "node"), TRAINING, ids=[t[0] for t in TRAINING])
+def test_training_graphs_use_the_fused_ops_and_match_eager(name, fn, node):
+    """In a training step the backward graph holds the fused node; gradients as eager's (the forward's values,
+    which the backward reads, come from the standard lowering: within its tolerances)."""
+    torch._dynamo.reset()
+    x, w = _values(torch.float32, False, 0), _values(torch.float32, False, 1, (16,))
+    grads = []
+    for compiled in (False, True):
+        xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+        f = torch.compile(fn, backend="aot2onnx", options={"cache": False, "fallback": False}) if compiled else fn
+        f(xc, wc).mul(torch.linspace(-1, 1, x.numel()).reshape(x.shape)).sum().backward()
+        grads.append((xc.grad, wc.grad))
+    backward = [g for g in compiled_graphs() if g.kind.value == "backward"][-1]
+    assert backward.op_counts.get(node, 0) >= 1 and backward.fused_kernels, dict(backward.op_counts)
+    for e, a in zip(*grads):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_kernels_only_in_cpu_training_graphs_of_the_backend(tmp_path):
+    """An export stays standard ONNX: the artifact's backward model has no node of the fused domain."""
+    import onnx
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8),
+                                           torch.nn.GELU(), torch.nn.LayerNorm(8))
+
+        def forward(self, x):
+            return torch.log_softmax(self.net(x), -1).mean()
+
+    aot2onnx.export_training(WithLoss(), (torch.randn(4, 8),), str(tmp_path / "artifact"),
+                             optimizer=aot2onnx.optim.SGD(0.1))
+    paths = list(tmp_path.rglob("*.onnx"))
+    assert paths
+    for path in paths:
+        domains = {n.domain for n in onnx.load(str(path)).graph.node}
+        assert "aot2onnx.fused" not in domains, path
+
+
+def test_cache_keys_on_the_kernels_build(monkeypatch):
+    """A cached lowering that uses the kernels is not served to a process with another build, or none."""
+    from aot2onnx.compile.cache import graph_key
+
+    gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+    keys = {graph_key(gm, opset=18, rules=[], kernels=k) for k in ("none", "a" * 64, "b" * 64)}
+    assert len(keys) == 3
+
+
+def test_without_the_library_training_uses_standard_operators_and_says_so_once(monkeypatch, caplog):
+    monkeypatch.setattr(fused, "library", lambda: None)
+    monkeypatch.setattr(fused, "missing_reason", lambda check_loadable=True: "no compiler here (test)")
+    monkeypatch.setattr(fused, "_noted", type(fused._noted)())
+    x = _values(torch.float32, True, 0)
+    xe = x.clone().requires_grad_()
+    F.relu(xe).sum().backward()
+    with caplog.at_level(logging.WARNING, logger="aot2onnx"):
+        for _ in range(2):
+            torch._dynamo.reset()
+            xc = x.clone().requires_grad_()
+            torch.compile(F.relu, backend="aot2onnx", options={"cache": False, "fallback": False})(xc).sum().backward()
+            assert _same(xc.grad, xe.grad)
+    backward = [g for g in compiled_graphs() if g.kind.value == "backward"][-1]
+    assert not backward.fused_kernels and "ThresholdBackward" not in backward.op_counts
+    notes = [r for r in caplog.records if "no compiler here (test)" in r.getMessage()]
+    assert len(notes) == 1 and "standard ONNX operators" in notes[0].getMessage()
+
+
+def test_kernels_build_id_and_backend_registry():
+    assert fused.build_id() != "none" and len(fused.build_id()) == 64
+    assert backend_module._uses_fused_kernels(torch.device("cpu"))
+    assert not backend_module._uses_fused_kernels(torch.device("cuda"))
