@@ -45,6 +45,9 @@ class Options:
         cache: Keep lowered models in the persistent on-disk cache (see ``aot2onnx.compile.cache``).
         cache_dir: Where; ``None`` means ``$AOT2ONNX_CACHE_DIR`` or the user cache directory
             (``~/.cache/aot2onnx``). ``AOT2ONNX_CACHE_DIR=off`` turns the cache off.
+        fused_kernels: On the CPU, lower the backward ops aot2onnx has fused kernels for (ATen's own kernels as
+            ONNX Runtime custom ops, ``runtime/fused.py``) to those kernels, where set-up built them. ``False``
+            keeps every graph to standard ONNX operators (exports always are).
         cuda_graphs: On CUDA, replay each graph with static shapes and no random ops as a CUDA graph
             (``runtime/cuda.py``); a graph that cannot be captured runs plainly and says why once. Off by
             default until the GPU check has measured it (scripts/gpu_check.sh).
@@ -65,6 +68,7 @@ class Options:
     fallback: bool = True
     cache: bool = True
     cache_dir: str | None = None
+    fused_kernels: bool = True
     cuda_graphs: bool = False
     cuda_memory: str = "session"
 

@@ -186,5 +186,7 @@ def test_without_the_library_training_uses_standard_operators_and_says_so_once(m
 
 def test_kernels_build_id_and_backend_registry():
     assert fused.build_id() != "none" and len(fused.build_id()) == 64
-    assert backend_module._uses_fused_kernels(torch.device("cpu"))
-    assert not backend_module._uses_fused_kernels(torch.device("cuda"))
+    options = aot2onnx.Options()
+    assert backend_module._uses_fused_kernels(torch.device("cpu"), options)
+    assert not backend_module._uses_fused_kernels(torch.device("cuda"), options)
+    assert not backend_module._uses_fused_kernels(torch.device("cpu"), aot2onnx.Options(fused_kernels=False))

@@ -111,10 +111,10 @@ class _TableOnFirstUse(Mapping):
 _decomposition_tables: dict[tuple, _TableOnFirstUse] = {}
 
 
-def _uses_fused_kernels(device: torch.device) -> bool:
-    """Whether graphs on ``device`` lower to aot2onnx's fused kernels: CPU graphs, where the library is built
-    (said once where it is not)."""
-    if device.type != "cpu":
+def _uses_fused_kernels(device: torch.device, options: Options) -> bool:
+    """Whether graphs on ``device`` lower to aot2onnx's fused kernels: CPU graphs, unless the options say not,
+    where the library is built (said once where it is not)."""
+    if device.type != "cpu" or not options.fused_kernels or options.providers not in (None, ("CPUExecutionProvider",)):
         return False
     fused.note_missing_once()
     return fused.library() is not None
@@ -181,7 +181,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, optio
     device = _device_of(example_inputs)
     label = f"g{next(_graph_ids):03d}_{_graph_label(gm)}"
     cache = _graph_cache(options)
-    with_fused = _uses_fused_kernels(device)
+    with_fused = _uses_fused_kernels(device, options)
 
     def compile_graph(
         graph: torch.fx.GraphModule, inputs: Sequence[Any], kind: GraphKind, capture_s: float

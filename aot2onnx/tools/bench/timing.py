@@ -75,6 +75,8 @@ LEVERS = (
           "(the default measures one against it on each graph's first calls)",
           {"intra_op_num_threads": TORCH_THREADS}),
     Lever("one-thread", "ONNX Runtime sessions on one intra-op thread", {"intra_op_num_threads": 1}),
+    Lever("no-fused-kernels", "standard ONNX operators only: without aot2onnx's fused training kernels (ATen's "
+          "backward kernels as ONNX Runtime custom ops, the default where they are built)", {"fused_kernels": False}),
 )
 assert len({lever.name for lever in LEVERS}) == len(LEVERS), "lever names must be unique"
 assert all(lever.optimizer in worker.OPTIMIZERS for lever in LEVERS)
