@@ -1,12 +1,15 @@
 # Two entry points from a fresh clone: `make demo` and `make test`. Both create the virtual environment,
-# install torch==2.13.0 first (the CPU wheel; an unpinned torch would pull several GB of CUDA wheels),
-# then exactly the versions in requirements.lock, then this package without resolving anything more.
+# install requirements.lock's torch first (the CPU wheel where the index has one; an unpinned torch would
+# pull several GB of CUDA wheels), then exactly the versions in requirements.lock, then this package without
+# resolving anything more.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.aot2onnx-installed
 PIP_VERSION := 26.3
-TORCH := torch==2.13.0
+# requirements.lock owns the torch the suite runs on (`make lock` moves it); `make check-torch TORCH=2.11.0`
+# tries another.
+TORCH_PIN := $(shell grep -i '^torch==' requirements.lock)
 LATEST := .venv-latest
 # The suite runs in pytest-xdist workers, one test file per worker at a time (`--dist loadfile`: the OpInfo
 # sweep's last test regenerates opset_tables/ from the records of that file's other tests). Most of a test
@@ -15,12 +18,12 @@ LATEST := .venv-latest
 TEST_WORKERS ?= 2
 PYTEST := -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: demo test test-slow lint bench clean check-latest lock
+.PHONY: demo test test-slow lint bench clean check-latest check-torch lock
 
 $(STAMP): pyproject.toml Makefile requirements.lock aot2onnx/runtime/fused_ops.cc
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q pip==$(PIP_VERSION)
-	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q $(TORCH_PIN)
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps -e .
 	$(PY) -m pip check
@@ -50,14 +53,16 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(PY) -m aot2onnx bench --out BENCHMARKS.md --chart docs/benchmarks.png $(BENCH_ARGS)
 
-# The newest releases of every dependency (torch stays at its pin) in a throwaway environment, and the
-# default suite there: finds the next breaking release before users do. `make lock` then moves the lock.
+# The newest releases of every dependency, torch too, in a throwaway environment, and the default suite
+# there: finds the next breaking release before users do. `make lock` then moves the lock. The newest torch
+# comes from PyPI, whose Linux wheel brings CUDA libraries (about 3 GB; the suite runs on the CPU).
 check-latest:
 	rm -rf $(LATEST)
 	$(PYTHON) -m venv $(LATEST)
 	$(LATEST)/bin/python -m pip install -q --upgrade pip
-	$(LATEST)/bin/python -m pip install -q $(TORCH)
-	$(LATEST)/bin/python -m pip install -q --upgrade $$($(PYTHON) scripts/lock.py names) $(TORCH)
+	$(LATEST)/bin/python -m pip install -q --upgrade torch
+	$(LATEST)/bin/python -m pip install -q --upgrade $$($(PYTHON) scripts/lock.py names) \
+		torch==$$($(LATEST)/bin/python scripts/lock.py torch-version)
 	$(LATEST)/bin/python -m pip install -q --no-deps -e .
 	$(LATEST)/bin/python -m pip check
 	@$(LATEST)/bin/python scripts/lock.py freeze $(LATEST)/bin/python > $(LATEST)/requirements.lock
@@ -66,10 +71,28 @@ check-latest:
 	$(LATEST)/bin/python $(PYTEST) -p no:cacheprovider
 	touch $(LATEST)/.passed
 
+# The default suite against another torch from PyPI in a throwaway environment: `make check-torch
+# TORCH=2.11.0` (aot2onnx supports 2.11 to 2.14). That torch first (its Linux wheel brings CUDA libraries,
+# about 3 GB; the suite runs on the CPU), then requirements.lock's other packages at their pins, with torch
+# held where it is, then this package.
+CHECK_TORCH := .venv-torch-$(TORCH)
+
+check-torch:
+	@case "$(TORCH)" in [0-9]*) ;; *) echo "usage: make check-torch TORCH=2.11.0"; exit 1;; esac
+	rm -rf $(CHECK_TORCH)
+	$(PYTHON) -m venv $(CHECK_TORCH)
+	$(CHECK_TORCH)/bin/python -m pip install -q pip==$(PIP_VERSION)
+	$(CHECK_TORCH)/bin/python -m pip install -q torch==$(TORCH)
+	grep -iv '^torch==' requirements.lock > $(CHECK_TORCH)/requirements.lock
+	$(CHECK_TORCH)/bin/python -m pip install -q -r $(CHECK_TORCH)/requirements.lock torch==$(TORCH)
+	$(CHECK_TORCH)/bin/python -m pip install -q --no-deps -e .
+	$(CHECK_TORCH)/bin/python -m pip check
+	$(CHECK_TORCH)/bin/python $(PYTEST) -p no:cacheprovider
+
 lock:
 	@test -f $(LATEST)/.passed || { echo "run 'make check-latest' first: the lock moves only to releases the suite passed on"; exit 1; }
 	cp $(LATEST)/requirements.lock requirements.lock
 	@echo "requirements.lock moved; raise the upper bounds in pyproject.toml to these versions:"; cat requirements.lock
 
 clean:
-	rm -rf $(VENV) $(LATEST) build *.egg-info
+	rm -rf $(VENV) $(LATEST) .venv-torch-* build *.egg-info

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from aot2onnx.capture._torch_compat import tree_leaves
 from aot2onnx.compile.fallback import fallback_graphs, reset_fallback_graphs
 from aot2onnx.runtime.session import OrtGraph, compiled_graphs, reset_compiled_graphs
 
@@ -148,7 +149,7 @@ def assert_parity(
     """
     optimizer = optimizer or (lambda params: torch.optim.SGD(params, lr=0.1))
     loss_fn = loss_fn or (lambda out, *_: out)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     reset_compiled_graphs()
     reset_fallback_graphs()
     torch.manual_seed(seed)
@@ -258,7 +259,7 @@ def _heavy_ops_run_by_torch(compiled: Callable, batch: tuple) -> list[str]:
     with _quiet_stderr():  # the profiler's C++ side prints a line on start and on stop
         prof.start()
     try:
-        outputs = [o for o in torch.utils._pytree.tree_leaves(compiled(*args))
+        outputs = [o for o in tree_leaves(compiled(*args))
                    if isinstance(o, torch.Tensor) and o.requires_grad]
         if outputs:
             torch.autograd.backward(outputs, [torch.ones_like(o) for o in outputs])
@@ -296,7 +297,7 @@ class EffectsReport:
 
 
 def _tensor_leaves(value: Any) -> list[Any]:
-    return torch.utils._pytree.tree_leaves(value)
+    return tree_leaves(value)
 
 
 def _autograd_leaves(args: Sequence[Any]) -> list[torch.Tensor]:

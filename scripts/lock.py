@@ -2,14 +2,16 @@
 
     python scripts/lock.py names            # the project's requirements by name, without versions
     python scripts/lock.py freeze VENV_PY   # the lock from what is installed in VENV_PY's environment
+    VENV_PY scripts/lock.py torch-version   # the torch installed there, without its build label
 
-``make check-latest`` installs ``names`` (the newest releases) into a throwaway environment and runs the
-default suite there; ``make lock`` then writes that environment's ``freeze`` to ``requirements.lock``.
-torch stays at the Makefile's pin: a torch that pip resolves freely is a CUDA build of several GB.
+``make check-latest`` installs the newest torch and ``names`` (the newest releases) into a throwaway
+environment and runs the default suite there; ``make lock`` then writes that environment's ``freeze`` to
+``requirements.lock``, torch included, which is where the Makefile reads the torch it installs first.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import pathlib
 import re
 import subprocess
@@ -18,8 +20,9 @@ import sys
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TORCH = "torch==2.13.0"
 EXTRAS = ("test",)
+# What PyPI's Linux torch wheel brings for CUDA: left out of the lock, which the CPU build installs too.
+CUDA_PREFIXES = ("nvidia-", "cuda-", "triton")
 
 
 def names() -> list[str]:
@@ -38,10 +41,10 @@ def freeze(python: str) -> str:
     lines = []
     for line in listing.splitlines():
         name = line.split("==", 1)[0]
-        if name.lower() in ("pip", "setuptools", "wheel", "aot2onnx"):
+        if name.lower() in ("pip", "setuptools", "wheel", "aot2onnx") or name.lower().startswith(CUDA_PREFIXES):
             continue
         if name.lower() == "torch":
-            line = TORCH  # the CPU build's local label (+cpu) is not on PyPI; the Makefile installs it first
+            line = line.split("+", 1)[0]  # a build's local label (+cpu, +cu130) is not on PyPI
         lines.append(line)
     header = (
         "# Every package `make demo` and `make test` install, at the versions the suite last passed on.\n"
@@ -56,5 +59,7 @@ if __name__ == "__main__":
         print(" ".join(names()))
     elif command == "freeze" and len(sys.argv) == 3:
         sys.stdout.write(freeze(sys.argv[2]))
+    elif command == "torch-version":
+        print(importlib.metadata.version("torch").split("+", 1)[0])
     else:
         sys.exit(__doc__)

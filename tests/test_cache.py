@@ -236,6 +236,22 @@ def test_aot_entries_depend_on_the_options(tmp_path):
     assert _aot_counts() == (hits, saved + 3) and len(_aot_entries(tmp_path)) == 3
 
 
+def test_aot_entries_depend_on_the_autocast_dtype(tmp_path):
+    # torch 2.11 and 2.12 key AOTAutograd's entries by whether autocast is on, not by its dtype: the entry
+    # captured under bfloat16 served the float16 compile, whose outputs were then bfloat16.
+    model = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    hits, saved = _aot_counts()
+    for dtype in (torch.bfloat16, torch.float16):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=aot2onnx.backend(cache_dir=str(tmp_path)))
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+            out, expected = compiled(x), model(x)
+        assert out.dtype == expected.dtype == dtype
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert _aot_counts() == (hits, saved + 2)
+
+
 @torch.library.custom_op("aot2onnx_cache_test::wobble", mutates_args=())
 def _wobble(x: torch.Tensor) -> torch.Tensor:  # no lowering: the fallback runs it in PyTorch
     return x + 0.1 * torch.sin(3 * x)

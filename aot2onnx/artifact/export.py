@@ -35,11 +35,11 @@ import safetensors.torch
 import torch
 import torch.fx
 import torch.nn as nn
-from torch._functorch._aot_autograd import descriptors as aot_desc
 
 from aot2onnx._version import __version__
 from aot2onnx.artifact.optim import SGD, AdamW, Optimizer, ParamInfo, grad_name, updated_name
 from aot2onnx.capture import decomposition_table, lowerable_names
+from aot2onnx.capture._torch_compat import aot_descriptors as aot_desc
 from aot2onnx.capture.joint import WRAPPER_PREFIX, trace_joint
 from aot2onnx.errors import CaptureError
 from aot2onnx.lower.registry import default_registry

@@ -17,30 +17,32 @@ from typing import Any
 from unittest import mock
 
 import torch
-import torch._functorch.config
 import torch.fx
-from torch._dynamo.utils import counters
-from torch._functorch._aot_autograd import autograd_cache, graph_compile
-from torch._functorch._aot_autograd.autograd_cache import (
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from aot2onnx.authentication import Authenticator
+from aot2onnx.capture._torch_compat import (
+    AOTAUTOGRAD_CACHE_PREFIX,
     AOTAutogradCache,
     AOTAutogradCacheDetails,
     AOTAutogradCachePickler,
     BypassAOTAutogradCache,
+    GmWrapper,
+    OutputCode,
+    SerializableAOTDispatchCompiler,
+    TracingContext,
+    aot_module_simplified,
+    autocast_supported_devices,
+    autograd_cache,
     check_node_safe,
+    counters,
+    default_partition,
+    functorch_config,
+    graph_compile,
+    min_cut_rematerialization_partition,
     sanitize_gm_for_cache,
 )
-from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
-from torch._functorch.aot_autograd import aot_module_simplified
-from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
-from torch._inductor.output_code import OutputCode
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from aot2onnx.authentication import Authenticator
 from aot2onnx.signature import GraphKind
-
-# The prefix of AOTAutograd's cache keys: torch 2.13 names it, torch 2.11 writes the literal "a" in
-# autograd_cache_key.
-AOTAUTOGRAD_CACHE_PREFIX: str = getattr(autograd_cache, "AOTAUTOGRAD_CACHE_PREFIX", "a")
 
 __all__ = ["GraphKind", "GraphObserver", "ReloadableGraph", "capture", "math_attention", "observing", "partition_function"]
 
@@ -223,7 +225,7 @@ def capture(
     # cleared the list at a first backward that keeps the graph.
     with (
         math_attention(),
-        torch._functorch.config.patch(cse=False, recompute_views=True, unlift_effect_tokens=True),
+        functorch_config.patch(cse=False, recompute_views=True, unlift_effect_tokens=True),
         mock.patch.object(graph_compile, "collect_bw_donated_buffer_idxs", _no_donated_buffers),
         _aot_autograd_cache(cache_dir, load_graph, authenticator) if cached else contextlib.nullcontext(),
     ):
@@ -269,8 +271,21 @@ class _CacheKeyDetails(AOTAutogradCacheDetails):
     and code generators to do so: about 0.6 s in a fresh process here, more than a hit saves. Our entries
     hold no inductor output. Kept: the Dynamo graph (its code, its submodules, its tensors' metadata), the
     inputs' metadata, AOTAutograd's configuration and settings, grad mode, autocast and deterministic
-    algorithms, activation-checkpointing and saved-tensor-hook functions.
+    algorithms, activation-checkpointing and saved-tensor-hook functions. (torch 2.11 and 2.12 hash inductor's
+    part inline, with no method to leave it out: the key is as sound, and a compile with the cache on takes
+    that much longer there.)
+
+    Autocast's dtype per device is added here: torch 2.11 and 2.12 key by whether autocast is on, not by its
+    dtype, and served a graph captured under bfloat16 autocast to a float16 one (its outputs bfloat16).
     """
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any, *rest: Any) -> None:
+        super().__init__(gm, example_inputs, config, *rest)
+        self.aot2onnx_autocast = {
+            device: torch.get_autocast_dtype(device)
+            for device in autocast_supported_devices()
+            if torch.is_autocast_enabled(device)
+        }
 
     def _init_fx_graph_hash_details(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], fx_config: Any
@@ -279,12 +294,14 @@ class _CacheKeyDetails(AOTAutogradCacheDetails):
         self.example_inputs = list(example_inputs)
 
 
-def _cache_key(
-    mod: Any, example_inputs: Sequence[Any], config: Any, compiler_config_extra: Any = None
-) -> tuple[str, list[str]]:
-    """Stands in for ``autograd_cache.autograd_cache_key`` in our captures (same safety checks, our details)."""
-    gm = mod.gm if isinstance(mod, torch._dynamo.utils.GmWrapper) else mod
-    tracing_context = torch._guards.TracingContext.try_get()
+def _cache_key(mod: Any, example_inputs: Sequence[Any], config: Any, *rest: Any) -> tuple[str, list[str]]:
+    """Stands in for ``autograd_cache.autograd_cache_key`` in our captures (same safety checks, our details).
+
+    ``rest``: inductor's settings (``compiler_config_extra``, ``fx_config`` in torch 2.11), which our details
+    leave out, then what torch 2.14 adds to the details (``act_input_paths``), passed on to them.
+    """
+    gm = mod.gm if isinstance(mod, GmWrapper) else mod
+    tracing_context = TracingContext.try_get()
     if tracing_context is not None and tracing_context.fakify_first_call:
         # DDPOptimizer's buckets: their first call must return fake tensors, which AOTAutograd arranges
         # only on a fresh compile (its FakifiedOutWrapper is not rebuilt from an entry). torch's own key
@@ -296,7 +313,7 @@ def _cache_key(
                 for node in module.graph.nodes:
                     check_node_safe(node)  # raises BypassAOTAutogradCache for what a key cannot cover
                     _check_builtin_op(node)
-        details = _CacheKeyDetails(gm, example_inputs, config, {})
+        details = _CacheKeyDetails(gm, example_inputs, config, {}, *rest[1:])
         return AOTAUTOGRAD_CACHE_PREFIX + AOTAutogradCachePickler(gm).get_hash(details), []
 
 
@@ -341,7 +358,7 @@ def _aot_autograd_cache(
     token = _LOADER.set(load_graph)
     try:
         with (
-            torch._functorch.config.patch(
+            functorch_config.patch(
                 enable_autograd_cache=True,
                 enable_remote_autograd_cache=False,
                 bundled_autograd_cache=True,

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import torch
 
+from aot2onnx.capture._torch_compat import decomposition_table as torch_decomposition_table
 from aot2onnx.capture.fastpath import FASTPATH_DECOMPOSITIONS
 
 __all__ = ["decomposition_table", "lowerable_names", "target_name"]
@@ -124,7 +125,7 @@ def decomposition_table(lowerable: Iterable[Any]) -> dict[torch._ops.OpOverload,
     keep = {str(target_name(op)) for op in lowerable} - _DECOMPOSED_FOR_TRAINING
     table: dict[torch._ops.OpOverload, Callable] = dict(_ALWAYS_DECOMPOSED)
     for op, fn in itertools.chain(
-        torch.export.default_decompositions().items(), torch._decomp.decomposition_table.items()
+        torch.export.default_decompositions().items(), torch_decomposition_table.items()
     ):
         if not isinstance(op, torch._ops.OpOverload) or op.name() in keep or op in table:
             continue

@@ -18,14 +18,22 @@ import sympy
 import torch
 import torch.fx
 import torch.nn as nn
-from torch._export.utils import _compiling_state_context
-from torch._functorch.aot_autograd import aot_compile_joint_with_descriptors, aot_export_joint_with_descriptors
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental import _config as fx_config
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
-from torch.utils._sympy.numbers import int_oo
 
+from aot2onnx.capture._torch_compat import (
+    FAKE_CONV_HINT,
+    DimDynamic,
+    FakeTensorMode,
+    ShapeEnv,
+    StatelessSymbolicContext,
+    aot_compile_joint_with_descriptors,
+    aot_export_joint_with_descriptors,
+    compiling_state_context,
+    fake_impls,
+    fx_config,
+    int_oo,
+    symbolic_shapes,
+)
 from aot2onnx.capture.aot import math_attention, partition_function
 from aot2onnx.errors import CaptureError
 from aot2onnx.signature import GraphKind
@@ -143,7 +151,7 @@ def trace_joint(
                 # torch.export's non-strict trace: libraries then take the paths written for a graph that must
                 # hold for every input, instead of branching on values (transformers' mask helpers call
                 # .all() on the attention or position ids otherwise, which a trace cannot decide).
-                with _compiling_state_context():
+                with compiling_state_context():
                     joint = aot_export_joint_with_descriptors(
                         stack, wrapper, tuple(fakes), decompositions=decompositions
                     )
@@ -201,12 +209,10 @@ def _convolutions_without_layout_guards() -> Any:
     one exported with 16 or more [16, inf). An ONNX model has no memory formats, so the fake convolution
     is told the sizes have no hint, and takes its layout-free path.
     """
-    from torch._subclasses import fake_impls
-    from torch.fx.experimental import symbolic_shapes
 
     def without_hints(impl: Callable) -> Callable:
         def conv(*args: Any, **kwargs: Any) -> Any:
-            with mock.patch.object(symbolic_shapes, "has_guarding_hint", lambda *_: False):
+            with mock.patch.object(symbolic_shapes, FAKE_CONV_HINT, lambda *_: False):
                 return impl(*args, **kwargs)
 
         return conv

@@ -407,8 +407,7 @@ def _raise_torch_refusal(
     """
     if nodes is not None and not nodes:
         return
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.fx.experimental.symbolic_shapes import optimization_hint
+    from aot2onnx.capture._torch_compat import optimization_hint, unset_fake_temporarily
 
     class NoExample(Exception):
         pass

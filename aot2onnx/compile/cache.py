@@ -54,9 +54,9 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from aot2onnx.authentication import Authenticator
+from aot2onnx.capture._torch_compat import unset_fake_temporarily
 from aot2onnx.capture.decompositions import target_name
 from aot2onnx.signature import CheckSpec, GraphSignature, InputKind, InputSpec, MutationSpec, OutputKind, OutputSpec
 

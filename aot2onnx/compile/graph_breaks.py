@@ -40,21 +40,22 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
-import torch._dynamo
+
+from aot2onnx.capture._torch_compat import (
+    GRAPH_BREAK_NOTES,
+    CallbackArgs,
+    CallbackTrigger,
+    ConvertFrameAssert,
+    callback_handler,
+    counters,
+    graph_break_reasons,
+    innermost_backend,
+)
 
 logger = logging.getLogger("aot2onnx")
 
 # Dynamo's private names: a torch that moves them turns these notes off (said in the log), never compiling.
-try:
-    from torch._dynamo.callback import CallbackArgs, CallbackTrigger
-    from torch._dynamo.convert_frame import ConvertFrameAssert
-    from torch._dynamo.eval_frame import innermost_backend
-    from torch._dynamo.utils import counters, graph_break_reasons
-except ImportError as e:  # pragma: no cover (torch 2.13 has them; tests/test_graph_breaks.py checks the notes)
-    _UNAVAILABLE: str | None = f"{type(e).__name__}: {e}"
-    CallbackArgs = Any  # type: ignore[misc,assignment]
-else:
-    _UNAVAILABLE = None
+_UNAVAILABLE: str | None = GRAPH_BREAK_NOTES
 
 __all__ = ["install", "mark_backend"]
 
@@ -130,7 +131,7 @@ def install() -> None:
     if _UNAVAILABLE is not None:
         logger.debug("aot2onnx: graph-break notes are off: this torch lacks %s", _UNAVAILABLE)
         return
-    handler = torch._dynamo.callback_handler
+    handler = callback_handler
     if _on_end in handler.end_callbacks:
         return
     _installed, _started = _Records.now(), None

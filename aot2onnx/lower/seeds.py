@@ -9,8 +9,8 @@ from __future__ import annotations
 import onnx
 import onnx_ir as ir
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from aot2onnx.capture._torch_compat import unset_fake_temporarily
 from aot2onnx.signature import RANDOM_OPS
 
 __all__ = ["draw_seeds", "reseed", "seed_random_ops"]

@@ -22,8 +22,8 @@ import torch.fx
 from onnxscript import rewriter
 from onnxscript.optimizer import _constant_folding
 from onnxscript.rewriter.rules import common as rules
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from aot2onnx.capture._torch_compat import unset_fake_temporarily
 from aot2onnx.errors import LoweringError, UnsupportedOpError
 from aot2onnx.lower import _exporter_compat as exporter
 from aot2onnx.lower.checks import collecting

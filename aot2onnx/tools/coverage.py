@@ -87,8 +87,10 @@ def core_aten_ops() -> tuple[str, ...]:
     """Every ATen overload tagged ``torch.Tag.core``."""
     import torch
 
+    from aot2onnx.capture._torch_compat import jit_get_all_schemas
+
     names = set()
-    for schema in torch._C._jit_get_all_schemas():
+    for schema in jit_get_all_schemas():
         if not schema.name.startswith("aten::"):
             continue
         packet = getattr(torch.ops.aten, schema.name.removeprefix("aten::"))

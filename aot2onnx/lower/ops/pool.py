@@ -10,6 +10,7 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
 
+from aot2onnx.capture._torch_compat import unset_fake_temporarily
 from aot2onnx.lower.ops._common import FLOATS, scatter_add_to_planes
 from aot2onnx.lower.ops._control import cond
 from aot2onnx.lower.registry import project_rule
@@ -247,7 +248,7 @@ def _avg_pool_divisor(self, kernel, stride, padding, ceil_mode, count_include_pa
         raise NotImplementedError("avg_pool with a divisor other than the window size needs static spatial sizes")
     pool = torch.nn.functional.avg_pool2d if len(sizes) == 2 else torch.nn.functional.avg_pool3d
     # Lowering runs inside AOTAutograd's fake mode; these are real tensors.
-    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+    with unset_fake_temporarily():
         ones = torch.ones(1, 1, *sizes, dtype=torch.float64)
         averaged = pool(ones, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
         counted = pool(ones, kernel, stride, padding, ceil_mode, count_include_pad, 1)

@@ -324,7 +324,7 @@ def _bench_model(name: str, args: argparse.Namespace, cache_root: str, log: Call
 
     result["others_cores_fresh"] = _others_cores(fresh_start)
     # One process, all contenders from one initial state, alternating.
-    torch._dynamo.reset()
+    torch.compiler.reset()
     base, x, y, loss_fn = make_batch(name)
     runners: dict[str, Runner] = {}
     aot_graphs: list[OrtGraph] = []
@@ -396,7 +396,7 @@ def _bench_model(name: str, args: argparse.Namespace, cache_root: str, log: Call
         result["levers"] = _bench_levers(runners.get("aot2onnx"), base, x, y, loss_fn, args, log)
         result["others_cores_levers"] = _others_cores(levers_start)
     runners.clear()
-    torch._dynamo.reset()
+    torch.compiler.reset()
     return result
 
 

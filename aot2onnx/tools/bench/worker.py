@@ -165,7 +165,7 @@ def _worker(cfg: dict[str, Any]) -> dict[str, Any]:
         # point does), while inductor imports its compiler in the first call. Eager never imports Dynamo.
         start = time.perf_counter()
         if cfg["contender"] != "eager":
-            torch._dynamo.reset()
+            torch.compiler.reset()
         runner = Runner(cfg["contender"], model, x, y, loss_fn)
         result["rss_compile_called_mib"] = _rss_mib("VmRSS")
         runner.step()

@@ -18,6 +18,7 @@ import onnx
 import torch
 import torch.fx
 
+from aot2onnx.capture._torch_compat import tree_leaves
 from aot2onnx.capture.aot import observing
 from aot2onnx.compile.backend import backend
 from aot2onnx.compile.fallback import FallbackGraph
@@ -70,7 +71,7 @@ def _step(model: Callable, args: tuple, loss_fn: Callable | None, targets: Any, 
     the outputs are differentiated with fixed random cotangents, the same on both sides)."""
     torch.manual_seed(seed)
     output = model(*args)
-    leaves = [o for o in torch.utils._pytree.tree_leaves(output) if isinstance(o, torch.Tensor)]
+    leaves = [o for o in tree_leaves(output) if isinstance(o, torch.Tensor)]
     if loss_fn is not None:
         loss = loss_fn(output) if targets is None else loss_fn(output, targets)
         loss.backward()
@@ -214,7 +215,7 @@ def compare(
         seed: ``torch.manual_seed`` before each side's step.
         progress: Called with a line of text per stage.
 
-    Resets Dynamo (``torch._dynamo.reset()``) first, as a fresh compilation is what is observed: other
+    Resets Dynamo (``torch.compiler.reset()``) first, as a fresh compilation is what is observed: other
     compiled models of the process compile again on their next call. Random ops (dropout) draw other numbers
     on ONNX Runtime than in PyTorch: compare models in a state without them (``model.eval()`` or p=0).
     """
@@ -240,12 +241,12 @@ def compare(
             recorded.append(_Recorded(kind, graph, runner, order))
             return recorded[-1]
 
-        torch._dynamo.reset()
+        torch.compiler.reset()
         compiled = torch.compile(compiled_model, backend=backend(**opts))
         with observing(observe), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out_c, loss_c = _step(compiled, args_c, loss_fn, targets, seed)
-        torch._dynamo.reset()  # the compiled copy is not kept: nothing of it stays in Dynamo's caches
+        torch.compiler.reset()  # the compiled copy is not kept: nothing of it stays in Dynamo's caches
         for w in caught:  # aot2onnx's own (what fell back to PyTorch, and why) go into the report
             if str(w.message).startswith("aot2onnx"):
                 notes.append(str(w.message))
@@ -386,8 +387,7 @@ def _stack_traces() -> contextlib.AbstractContextManager:
     import functools
     from unittest import mock
 
-    from torch._functorch._aot_autograd import graph_capture
-    from torch.fx.experimental.proxy_tensor import make_fx
+    from aot2onnx.capture._torch_compat import graph_capture, make_fx
 
     if getattr(graph_capture, "make_fx", None) is not make_fx:  # another torch: the lines stay unknown
         return contextlib.nullcontext()
@@ -398,8 +398,7 @@ def _artifact_graphs(
     artifact_dir: pathlib.Path, module: torch.nn.Module, inputs: tuple, signature: dict, options: Options,
     rtol: float, atol: float, notes: list[str],
 ) -> list:
-    from torch._functorch._aot_autograd import descriptors as aot_desc
-
+    from aot2onnx.capture._torch_compat import aot_descriptors as aot_desc
     from aot2onnx.capture.joint import WRAPPER_PREFIX
 
     fx = _trace(module, inputs, signature, int(signature["versions"]["opset"]))

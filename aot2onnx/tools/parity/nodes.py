@@ -27,6 +27,7 @@ import torch
 import torch.fx
 
 import aot2onnx
+from aot2onnx.capture._torch_compat import tree_leaves
 from aot2onnx.lower.translate import user_source_line
 from aot2onnx.options import Options
 from aot2onnx.runtime.session import OrtGraph
@@ -450,7 +451,7 @@ def analyse(
             eager_value, _ = _ties_resolved(node, eager_args, eager_kwargs, eager[node.name], got)
             entry.error = ErrorStats.combine([measure(r, g, rtol=rtol, atol=atol) for r, g in _pairs(eager_value, got)])
         pairs = _pairs(reference, got)
-        scale = magnitude([*torch.utils._pytree.tree_leaves((args, kwargs)), *(r for r, _ in pairs)])
+        scale = magnitude([*tree_leaves((args, kwargs)), *(r for r, _ in pairs)])
         entry.slack = slack(example.dtype, scale)
         entry.own = ErrorStats.combine([measure(r, g, rtol=rtol, atol=atol, slack=entry.slack) for r, g in pairs])
         entry.divergent = not entry.own.ok
