@@ -32,7 +32,7 @@ import torch
 
 from aot2onnx.options import Options
 
-__all__ = ["GraphedRuns", "graph_op_types", "precision_settings", "provider_options", "tf32_allowed"]
+__all__ = ["GraphedRuns", "foreach_copy", "graph_op_types", "precision_settings", "provider_options", "tf32_allowed"]
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +168,10 @@ def provider_options(device: torch.device, options: Options, *, tf32: bool, cuda
 
 # ---------------------------------------------------------------------------------------------------------
 # CUDA graphs
+
+# One multi-tensor copy (a kernel for many tensors, where copy_ launches one per tensor), through the op's
+# public name.
+foreach_copy = torch.ops.aten._foreach_copy_.default
 
 _TO_TORCH = {
     onnx.TensorProto.FLOAT: torch.float32,
@@ -311,7 +315,7 @@ class GraphedRuns:
 
     def copy_in(self, args: Sequence[torch.Tensor]) -> None:
         if self._copied:
-            torch._foreach_copy_(self._buffers, [args[i] for i in self._copied])
+            foreach_copy(self._buffers, [args[i] for i in self._copied])
 
     def copy_out(self, kept: range) -> list[torch.Tensor]:
         """The outputs of the last replay, in tensors of the caller's; those at the positions ``kept`` are the
@@ -320,7 +324,7 @@ class GraphedRuns:
         results = [b if i in kept else torch.empty_like(b) for i, b in enumerate(self._out)]
         fresh = [i for i in range(len(results)) if i not in kept]
         if fresh:
-            torch._foreach_copy_([results[i] for i in fresh], [self._out[i] for i in fresh])
+            foreach_copy([results[i] for i in fresh], [self._out[i] for i in fresh])
         return results
 
     def before_run(self) -> None:

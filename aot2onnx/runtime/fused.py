@@ -57,7 +57,7 @@ _HEADERS = {
 
 
 def _torch_fingerprint() -> str:
-    return f"{torch.__version__};abi={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    return f"{torch.__version__};abi={int(torch.compiled_with_cxx11_abi())}"
 
 
 def _source_digest() -> str:
@@ -110,7 +110,7 @@ def _compile(headers: pathlib.Path) -> None:
     staging = _OUT_DIR / f".{_LIBRARY.name}.{os.getpid()}"
     command = [
         compiler, "-std=c++20", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
-        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
         f"-I{headers}", f"-I{torch_dir / 'include'}", str(_SOURCE), "-o", str(staging),
         f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
     ]

@@ -781,7 +781,7 @@ class OrtGraph:
             results = graphed.copy_out(range(returned, returned + written))
             new_values = results[returned:returned + written]
             if new_values:
-                torch._foreach_copy_([args[spec.index].detach() for spec in self._mutations], new_values)
+                cuda.foreach_copy([args[spec.index].detach() for spec in self._mutations], new_values)
             checked = results[returned + written:]
             del results[returned:]
         for check, value in zip(self._checks, checked):

@@ -211,7 +211,7 @@ def _parity(model_name: str, steps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model, x, y, loss_fn, optimizer_name = CUDA_MODELS[model_name].build()
     x, y = x.to(_device), y.to(_device)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     try:
         import aot2onnx
 
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             _set_precision(precision)
             runners = {}
             for contender in args.contenders:
-                torch._dynamo.reset()
+                torch.compiler.reset()
                 try:
                     step = _runner(model_name, contender)
                     for _ in range(args.warmup):
