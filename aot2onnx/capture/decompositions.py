@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -112,9 +112,22 @@ _ALWAYS_DECOMPOSED: dict[torch._ops.OpOverload, Callable] = {
 }
 
 
-def decomposition_table(lowerable: Iterable[Any]) -> dict[torch._ops.OpOverload, Callable]:
+def _unless(keep: Callable[..., bool], decomposition: Callable) -> Callable:
+    """``decomposition``, except for calls ``keep`` accepts, which stay whole (NotImplemented)."""
+
+    def conditional(*args: Any, **kwargs: Any) -> Any:
+        return NotImplemented if keep(*args, **kwargs) else decomposition(*args, **kwargs)
+
+    return conditional
+
+
+def decomposition_table(
+    lowerable: Iterable[Any], kept_when: Mapping[torch._ops.OpOverload, Callable[..., bool]] | None = None
+) -> dict[torch._ops.OpOverload, Callable]:
     """PyTorch's decompositions, minus those of ops that have a lowering rule (except the ops decomposed for
-    training anyway, ``_DECOMPOSED_FOR_TRAINING``).
+    training anyway, ``_DECOMPOSED_FOR_TRAINING``). An op of ``kept_when`` stays whole in the calls its
+    predicate accepts (its arguments: fake tensors and Python values), and is decomposed in the others: how the
+    compile backend keeps the ops of its fused kernels whole where the kernels take the call's dtypes.
 
     An op with a rule stays whole, because one ONNX op (LayerNormalization, Gelu, Conv) runs faster than
     its pieces. An op without one is decomposed, which is how most backward ops (``native_layer_norm_backward``,
@@ -131,6 +144,6 @@ def decomposition_table(lowerable: Iterable[Any]) -> dict[torch._ops.OpOverload,
             continue
         if op.name() in _NEVER_DECOMPOSED:
             continue
-        table[op] = fn
+        table[op] = _unless(kept_when[op], fn) if kept_when and op in kept_when else fn
     # The fused inference fast paths (nn.MultiheadAttention, TransformerEncoderLayer) always: see fastpath.py
     return {**table, **FASTPATH_DECOMPOSITIONS}

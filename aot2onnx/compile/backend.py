@@ -32,6 +32,7 @@ from aot2onnx.compile.fallback import FallbackGraph, blamed_nodes, split_unsuppo
 from aot2onnx.compile.graph_breaks import install as install_graph_break_notes
 from aot2onnx.compile.graph_breaks import mark_backend
 from aot2onnx.errors import LoweringError, RuntimeSessionError, UnsupportedOpError
+from aot2onnx.lower.fusable import FUSED_WHEN
 from aot2onnx.lower.registry import Registry, default_registry, fused_registry, user_rules
 from aot2onnx.lower.seeds import reseed
 from aot2onnx.options import Options
@@ -138,10 +139,10 @@ def _decompositions(opset: int, cache: GraphCache | None, with_fused: bool) -> M
             key = environment_key("lowerable ops", *memo_key)
             names = cache.load_json(key) if cache is not None else None
             if names is None:
-                names = lowerable_names(_registry(with_fused), opset)
+                names = lowerable_names(default_registry(), opset)
                 if cache is not None:
                     cache.store_json(key, names)
-            return decomposition_table(names)
+            return decomposition_table(names, FUSED_WHEN if with_fused else None)
 
         _decomposition_tables[memo_key] = _TableOnFirstUse(build)
     return _decomposition_tables[memo_key]

@@ -4,46 +4,76 @@ AOTAutograd decomposes them for want of a rule: a ReLU gradient (LessOrEqual, Wh
 (Mul, ReduceSum, Sub, Mul), a layer norm's backward (two dozen nodes). One node, eager's values bit for bit.
 
 Only in :func:`aot2onnx.lower.registry.fused_registry`, which the compile backend uses for CPU graphs where the
-library is built; with it, these ops are also kept whole by the decomposition table. A node whose tensors are
-not all of one float dtype (the kernels take float32, float64, float16 and bfloat16 alike, as ATen does, but
-one dtype throughout) is refused with the reason, and runs in PyTorch.
+library is built; with it, the calls the kernels take are kept whole by the decomposition table
+(``lower/fusable.py``: tensors of one float dtype, as ATen takes float32, float64, float16 and bfloat16 alike).
+A node the kernel does not take goes to the standard rule, or, for an op that has none, was decomposed.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import onnx_ir as ir
 import onnxscript
 import torch
 
 from aot2onnx.errors import LoweringError
-from aot2onnx.lower.registry import fused_rule
+from aot2onnx.lower.registry import default_registry, fused_rule
 from aot2onnx.signature import FUSED_DOMAIN
 
 aten = torch.ops.aten
 
-__all__ = ["FUSED_TARGETS"]
+__all__: list[str] = []
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+class _NotFused(Exception):
+    """The fused kernel does not take this node: the standard rule lowers it (see :func:`_or_standard`)."""
 
 
 def _fused(op_type: str, inputs: list[ir.Value | None], num_outputs: int = 1, **attributes: object) -> list[ir.Value]:
     """One node of the fused kernels' domain, its inputs of one float dtype, its outputs typed like them."""
     dtypes = {v.dtype for v in inputs if v is not None}
     if len(dtypes) != 1 or next(iter(dtypes)) not in _FLOATS:
-        raise LoweringError(f"the fused {op_type} takes tensors of one float dtype, got {sorted(map(str, dtypes))}")
+        raise _NotFused(f"the fused {op_type} takes tensors of one float dtype, got {sorted(map(str, dtypes))}")
     node = ir.node(op_type, inputs, attributes=attributes, domain=FUSED_DOMAIN, num_outputs=num_outputs)
     onnxscript.evaluator.default().nodes.append(node)
     return list(node.outputs)
 
 
-@fused_rule(aten.threshold_backward.default)
+def _or_standard(target: torch._ops.OpOverload) -> Callable[[Callable], Callable]:
+    """Registers a fused rule for ``target`` that hands a node its kernel does not take to the standard rule
+    (aot2onnx's or torch_lib's). Ops without one are kept whole only where the kernel takes them
+    (``lower/fusable.py``), so a refusal there is a bug, and says so."""
+
+    def decorate(rule: Callable) -> Callable:
+        @functools.wraps(rule)
+        def fused_or_standard(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return rule(*args, **kwargs)
+            except _NotFused as e:
+                standard, _ = default_registry().lookup(target, 18)
+                if standard is None:
+                    raise LoweringError(f"{e}, and no standard rule lowers {target}") from e
+                return standard.function(*args, **kwargs)
+
+        fused_rule(target)(fused_or_standard)
+        return rule
+
+    return decorate
+
+
+@_or_standard(aten.threshold_backward.default)
 def aten_threshold_backward(grad_output, self, threshold):
     """threshold_backward(Tensor grad_output, Tensor self, Scalar threshold) -> Tensor"""
     # A float attribute is float32 in ONNX: the Python scalar travels exactly, as float.hex().
     return _fused("ThresholdBackward", [grad_output, self], threshold=float(threshold).hex())[0]
 
 
-@fused_rule(aten.gelu_backward.default)
+@_or_standard(aten.gelu_backward.default)
 def aten_gelu_backward(grad_output, self, approximate: str = "none"):
     """gelu_backward(Tensor grad_output, Tensor self, *, str approximate="none") -> Tensor"""
     return _fused("GeluBackward", [grad_output, self], approximate=approximate)[0]
@@ -63,7 +93,7 @@ for _target, _op_type in (
     (aten.tanh_backward.default, "TanhBackward"),
     (aten.sigmoid_backward.default, "SigmoidBackward"),
 ):
-    fused_rule(_target)(_binary(_op_type))
+    _or_standard(_target)(_binary(_op_type))
 
 
 def _softmax_backward(op_type: str):
@@ -72,28 +102,28 @@ def _softmax_backward(op_type: str):
         # in another dtype than its gradient's (half_to_float) is not fused.
         dtype = ir.DataType(input_dtype)
         if dtype != grad_output.dtype:
-            raise LoweringError(f"the fused {op_type} needs the forward's input in the gradient's dtype, got {dtype}")
+            raise _NotFused(f"the fused {op_type} needs the forward's input in the gradient's dtype, got {dtype}")
         return _fused(op_type, [grad_output, output], dim=int(dim))[0]
 
     rule.__name__ = rule.__qualname__ = f"aten_{op_type}"
     return rule
 
 
-fused_rule(aten._softmax_backward_data.default)(_softmax_backward("SoftmaxBackward"))
-fused_rule(aten._log_softmax_backward_data.default)(_softmax_backward("LogSoftmaxBackward"))
+_or_standard(aten._softmax_backward_data.default)(_softmax_backward("SoftmaxBackward"))
+_or_standard(aten._log_softmax_backward_data.default)(_softmax_backward("LogSoftmaxBackward"))
 
 
-@fused_rule(aten.native_layer_norm_backward.default)
+@_or_standard(aten.native_layer_norm_backward.default)
 def aten_native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     """native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd,
     Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"""
     if any(not isinstance(d, int) for d in normalized_shape):
-        raise LoweringError("the fused LayerNormBackward takes a normalized shape of plain sizes")
+        raise _NotFused("the fused LayerNormBackward takes a normalized shape of plain sizes")
     if weight is None and bias is not None:
-        raise LoweringError("the fused LayerNormBackward takes a bias only beside a weight")
+        raise _NotFused("the fused LayerNormBackward takes a bias only beside a weight")
     # mean and rstd are float32 for a 16-bit input (ATen keeps the statistics in float32): one dtype otherwise.
     if input.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
-        raise LoweringError("the fused LayerNormBackward takes float32 or float64 tensors")
+        raise _NotFused("the fused LayerNormBackward takes float32 or float64 tensors")
     inputs = [v for v in (grad_out, input, mean, rstd, weight, bias) if v is not None]
     # The kernel computes every gradient it has an output for: the input's, then the weight's and the bias's
     # where they exist (ATen's values do not depend on which are asked for).
@@ -104,11 +134,3 @@ def aten_native_layer_norm_backward(grad_out, input, normalized_shape, mean, rst
     grad_bias = next(outputs) if bias is not None else None
     return (grad_input if output_mask[0] else None, grad_weight if output_mask[1] else None,
             grad_bias if output_mask[2] else None)
-
-
-FUSED_TARGETS = (
-    aten.threshold_backward.default, aten.gelu_backward.default, aten.hardswish_backward.default,
-    aten.silu_backward.default, aten.tanh_backward.default, aten.sigmoid_backward.default,
-    aten._softmax_backward_data.default, aten._log_softmax_backward_data.default,
-    aten.native_layer_norm_backward.default,
-)
