@@ -15,7 +15,7 @@ LATEST := .venv-latest
 TEST_WORKERS ?= 2
 PYTEST := -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: demo test test-slow lint bench clean check-latest lock
+.PHONY: demo demo-web test test-slow test-browser lint bench clean check-latest lock
 
 $(STAMP): pyproject.toml Makefile requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -26,17 +26,34 @@ $(STAMP): pyproject.toml Makefile requirements.lock
 	$(PY) -m pip check
 	touch $(STAMP)
 
+# The JavaScript trainer (js/): its npm packages, exactly as js/package-lock.json pins them. Without npm the
+# rest installs and tests/test_js_trainer.py skips, saying why. js/.npmrc keeps onnxruntime-node's install
+# script from fetching CUDA binaries from outside the npm registry.
+JS_STAMP := js/node_modules/.aot2onnx-installed
+
+$(JS_STAMP): js/package.json js/package-lock.json js/.npmrc
+	@if command -v npm >/dev/null 2>&1; then \
+		npm ci --prefix js --no-audit --no-fund --loglevel=error && touch $(JS_STAMP); \
+	else \
+		echo "npm is not installed: js/node_modules skipped, the JavaScript trainer's tests will skip"; \
+	fi
+
 demo: $(STAMP)
 	$(PY) examples/train_transformer_lm.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check aot2onnx tests examples scripts
 
-test: $(STAMP) lint
+test: $(STAMP) $(JS_STAMP) lint
 	$(PY) $(PYTEST)
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(JS_STAMP)
 	$(PY) $(PYTEST) -m slow
+
+# The JavaScript trainer in headless Chromium (onnxruntime-web, WebAssembly), also part of test-slow: parity
+# with eager and the refusals. Needs Debian's chromium (or $$CHROMIUM).
+test-browser: $(STAMP) $(JS_STAMP)
+	$(PY) -m pytest -q -n 0 -m slow tests/test_js_trainer.py
 
 # The training-step benchmark (eager vs inductor vs aot2onnx): writes BENCHMARKS.md and docs/benchmarks.png.
 # matplotlib draws the chart; it is only needed here. Pass options with BENCH_ARGS="--models mlp --rounds 3".
@@ -71,4 +88,4 @@ lock:
 	@echo "requirements.lock moved; raise the upper bounds in pyproject.toml to these versions:"; cat requirements.lock
 
 clean:
-	rm -rf $(VENV) $(LATEST) build *.egg-info
+	rm -rf $(VENV) $(LATEST) build *.egg-info js/node_modules js/demo/artifact
