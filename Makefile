@@ -41,6 +41,16 @@ $(JS_STAMP): js/package.json js/package-lock.json js/.npmrc
 demo: $(STAMP)
 	$(PY) examples/train_transformer_lm.py
 
+# The browser demo: exports a classifier into js/demo/artifact/, then serves js/ on this machine only
+# (127.0.0.1) and prints the page's address; the page trains the model with onnxruntime-web and plots the loss.
+DEMO_PORT ?= 8000
+
+demo-web: $(STAMP) $(JS_STAMP)
+	@test -d js/node_modules/onnxruntime-web || { echo "demo-web needs npm: the page loads onnxruntime-web from js/node_modules"; exit 1; }
+	$(PY) examples/export_for_web.py --out js/demo/artifact
+	@echo "open http://127.0.0.1:$(DEMO_PORT)/demo/ in a browser (Ctrl-C stops the server)"
+	$(PY) -m http.server $(DEMO_PORT) --bind 127.0.0.1 --directory js
+
 lint: $(STAMP)
 	$(PY) -m ruff check aot2onnx tests examples scripts
 
@@ -51,9 +61,9 @@ test-slow: $(STAMP) $(JS_STAMP)
 	$(PY) $(PYTEST) -m slow
 
 # The JavaScript trainer in headless Chromium (onnxruntime-web, WebAssembly), also part of test-slow: parity
-# with eager and the refusals. Needs Debian's chromium (or $$CHROMIUM).
+# with eager and the refusals, and the demo page's screenshot. Needs Debian's chromium (or $$CHROMIUM).
 test-browser: $(STAMP) $(JS_STAMP)
-	$(PY) -m pytest -q -n 0 -m slow tests/test_js_trainer.py
+	$(PY) -m pytest -q -n 0 -m slow tests/test_js_trainer.py tests/test_js_demo.py
 
 # The training-step benchmark (eager vs inductor vs aot2onnx): writes BENCHMARKS.md and docs/benchmarks.png.
 # matplotlib draws the chart; it is only needed here. Pass options with BENCH_ARGS="--models mlp --rounds 3".
