@@ -18,7 +18,7 @@ LATEST := .venv-latest
 TEST_WORKERS ?= 2
 PYTEST := -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: demo test test-slow lint bench clean check-latest check-torch lock
+.PHONY: demo demo-web test test-slow test-browser lint bench clean check-latest check-torch lock
 
 $(STAMP): pyproject.toml Makefile requirements.lock aot2onnx/runtime/fused_ops.cc
 	$(PYTHON) -m venv $(VENV)
@@ -30,17 +30,44 @@ $(STAMP): pyproject.toml Makefile requirements.lock aot2onnx/runtime/fused_ops.c
 	$(PY) -m aot2onnx kernels build
 	touch $(STAMP)
 
+# The JavaScript trainer (js/): its npm packages, exactly as js/package-lock.json pins them. Without npm the
+# rest installs and tests/test_js_trainer.py skips, saying why. js/.npmrc keeps onnxruntime-node's install
+# script from fetching CUDA binaries from outside the npm registry.
+JS_STAMP := js/node_modules/.aot2onnx-installed
+
+$(JS_STAMP): js/package.json js/package-lock.json js/.npmrc
+	@if command -v npm >/dev/null 2>&1; then \
+		npm ci --prefix js --no-audit --no-fund --loglevel=error && touch $(JS_STAMP); \
+	else \
+		echo "npm is not installed: js/node_modules skipped, the JavaScript trainer's tests will skip"; \
+	fi
+
 demo: $(STAMP)
 	$(PY) examples/train_transformer_lm.py
+
+# The browser demo: exports a classifier into js/demo/artifact/, then serves js/ on this machine only
+# (127.0.0.1) and prints the page's address; the page trains the model with onnxruntime-web and plots the loss.
+DEMO_PORT ?= 8000
+
+demo-web: $(STAMP) $(JS_STAMP)
+	@test -d js/node_modules/onnxruntime-web || { echo "demo-web needs npm: the page loads onnxruntime-web from js/node_modules"; exit 1; }
+	$(PY) examples/export_for_web.py --out js/demo/artifact
+	@echo "open http://127.0.0.1:$(DEMO_PORT)/demo/ in a browser (Ctrl-C stops the server)"
+	$(PY) -m http.server $(DEMO_PORT) --bind 127.0.0.1 --directory js
 
 lint: $(STAMP)
 	$(PY) -m ruff check aot2onnx tests examples scripts
 
-test: $(STAMP) lint
+test: $(STAMP) $(JS_STAMP) lint
 	$(PY) $(PYTEST)
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(JS_STAMP)
 	$(PY) $(PYTEST) -m slow
+
+# The JavaScript trainer in headless Chromium (onnxruntime-web, WebAssembly), also part of test-slow: parity
+# with eager and the refusals, and the demo page's screenshot. Needs Debian's chromium (or $$CHROMIUM).
+test-browser: $(STAMP) $(JS_STAMP)
+	$(PY) -m pytest -q -n 0 -m slow tests/test_js_trainer.py tests/test_js_demo.py
 
 # The training-step benchmark (eager vs inductor vs aot2onnx): writes BENCHMARKS.md and docs/benchmarks.png.
 # matplotlib draws the chart; it is only needed here. Pass options with BENCH_ARGS="--models mlp --rounds 3".
@@ -95,4 +122,4 @@ lock:
 	@echo "requirements.lock moved; raise the upper bounds in pyproject.toml to these versions:"; cat requirements.lock
 
 clean:
-	rm -rf $(VENV) $(LATEST) .venv-torch-* build *.egg-info
+	rm -rf $(VENV) $(LATEST) .venv-torch-* build *.egg-info js/node_modules js/demo/artifact aot2onnx/runtime/_fused
