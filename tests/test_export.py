@@ -577,6 +577,21 @@ def test_refuses_signature_that_is_not_json(reader, artifact_copy):
     _refused(reader, artifact_copy, "signature.json is not valid JSON")
 
 
+def _change_user_input(sig: dict, position: int, **fields) -> None:
+    """Changes user input ``position`` and every model input fed from it alike: the signature stays consistent
+    with itself and disagrees with the models only."""
+    sig["user_inputs"][position].update(fields)
+    for graph in ("forward", "backward"):
+        for e in sig[graph]["inputs"]:
+            if e["role"] == "user_input" and e["source"] == position:
+                e.update(fields)
+
+
+def _change_loss(sig: dict, **fields) -> None:
+    _entry(sig, "forward", "outputs", "loss").update(fields)
+    _entry(sig, "backward", "inputs", "grad:loss").update(fields)
+
+
 SIGNATURE_EDITS = {
     "input name": (lambda s: _entry(s, "forward", "inputs", "x").update(name="features"),
                    r"forward.onnx: the signature lists input 'features' .* which the model does not have"),
@@ -584,11 +599,11 @@ SIGNATURE_EDITS = {
                     r"backward.onnx: the signature lists output 'grad:bias'"),
     "missing input": (lambda s: s["forward"]["inputs"].remove(_entry(s, "forward", "inputs", "y")),
                       r"forward.onnx: the model has input 'y', which the signature does not list"),
-    "dtype": (lambda s: _entry(s, "forward", "inputs", "model.0.weight").update(dtype="float64"),
-              r"forward.onnx: input 'model.0.weight' is float32 in the model but float64 in the signature"),
-    "rank": (lambda s: _entry(s, "forward", "inputs", "x").update(shape=["batch", 32, 1]),
+    "dtype": (lambda s: _change_user_input(s, 0, dtype="float64"),
+              r"forward.onnx: input 'x' is float32 in the model but float64 in the signature"),
+    "rank": (lambda s: _change_user_input(s, 0, shape=["batch", 32, 1]),
              r"forward.onnx: input 'x' has rank 2 in the model but 3 in the signature"),
-    "output dtype": (lambda s: _entry(s, "forward", "outputs", "loss").update(dtype="float16"),
+    "output dtype": (lambda s: _change_loss(s, dtype="float16"),
                      r"output 'loss' is float32 in the model but float16 in the signature"),
     "dangling source": (lambda s: _entry(s, "forward", "inputs", "model.0.weight").update(source="model.9.weight"),
                         r"has source 'model.9.weight', which names no parameter"),
