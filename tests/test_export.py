@@ -340,6 +340,33 @@ def test_load_returns_user_outputs_and_writes_buffers_back(tmp_path):
         torch.testing.assert_close(loaded.get_buffer(key), net.get_buffer(key), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_load_reads_16_bit_state(dtype, tmp_path):
+    """The state file's bfloat16 tensors are ml_dtypes arrays, which torch.from_numpy refused: load failed."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+            self.register_buffer("scale", torch.tensor([0.5, 2.0, -1.25]))
+
+        def forward(self, x, y):
+            return F.mse_loss(self.fc(x) * self.scale, y)
+
+    torch.manual_seed(0)
+    net = Net().to(dtype)
+    aot2onnx.export_training(net, (torch.randn(5, 4, dtype=dtype), torch.randn(5, 3, dtype=dtype)), tmp_path)
+    loaded = aot2onnx.load(tmp_path)
+    for key, value in net.state_dict().items():  # exactly the exported bits
+        assert loaded.state_dict()[key].dtype == dtype and torch.equal(loaded.state_dict()[key], value), key
+    x, y = torch.randn(7, 4, dtype=dtype), torch.randn(7, 3, dtype=dtype)
+    loss, eager_loss = loaded(x, y), net(x, y)
+    loss.backward()
+    eager_loss.backward()
+    torch.testing.assert_close(loss, eager_loss)  # torch's default tolerances for the dtype
+    for name, p in net.named_parameters():
+        torch.testing.assert_close(loaded.get_parameter(name).grad, p.grad, msg=name)
+
+
 def test_frozen_parameter_eval_batchnorm_and_non_persistent_buffer(tmp_path):
     """The backward reads buffers (BatchNorm in eval mode); a frozen parameter gets no gradient and no update."""
 

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx
 import torch
 import torch.nn as nn
@@ -93,6 +94,14 @@ def _set(root: nn.Module, name: str, make: Any, where: str) -> None:
         raise ArtifactError(f"{where}: {name!r} cannot be a name in a module: {e.args[0]}") from e
 
 
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A copy of ``array`` as a tensor. torch.from_numpy does not know ml_dtypes' bfloat16, in which the state
+    file's bfloat16 tensors are read: their bits go through int16."""
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())
+
+
 class LoadedModule(nn.Module):
     """A training artifact as a module: parameters and buffers by their exported names; forward and backward
     on ONNX Runtime. Its forward always runs the exported training graph (``.eval()`` does not change it)."""
@@ -105,11 +114,11 @@ class LoadedModule(nn.Module):
         where = artifact.root / edge.SIGNATURE_FILE
         registered: dict[str, torch.Tensor] = {}
         for entry in artifact.state_entries("parameter"):
-            tensor = nn.Parameter(torch.from_numpy(state[entry["name"]].copy()), requires_grad=entry.get("requires_grad", True))
+            tensor = nn.Parameter(_tensor(state[entry["name"]]), requires_grad=entry.get("requires_grad", True))
             _set(self, entry["name"], lambda m, leaf, p=tensor: m.register_parameter(leaf, p), f"{where}: state")
             registered[entry["name"]] = tensor
         for entry in artifact.state_entries("buffer"):
-            tensor, persistent = torch.from_numpy(state[entry["name"]].copy()), entry.get("persistent", True)
+            tensor, persistent = _tensor(state[entry["name"]]), entry.get("persistent", True)
             _set(self, entry["name"], lambda m, leaf, t=tensor, p=persistent: m.register_buffer(leaf, t, persistent=p),
                  f"{where}: state")
             registered[entry["name"]] = tensor
