@@ -299,6 +299,26 @@ def test_squeeze_of_a_dimension_other_than_one_is_a_no_op():
     torch.testing.assert_close(torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x), fn(x))
 
 
+@pytest.mark.parametrize("index", ["x[i]", "x[i, j]", "x[:, j]", "x[i[:, None], j]"])
+def test_int32_indices_lower_without_a_fallback(index):
+    # ONNX's GatherND takes int64 indices only: indexing with int32 ones made a model ONNX Runtime refused to load
+    # (the nodes ran in PyTorch; with fallback=False compilation failed).
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 4, generator=g)
+    i = torch.tensor([0, 4, 4, -1], dtype=torch.int32)
+    j = torch.tensor([1, 3, 0, -4], dtype=torch.int32)
+    fn = {"x[i]": lambda x, i, j: x[i] * 2, "x[i, j]": lambda x, i, j: x[i, j] * 2,
+          "x[:, j]": lambda x, i, j: x[:, j] * 2, "x[i[:, None], j]": lambda x, i, j: x[i[:, None], j] * 2}[index]
+    eager_x, compiled_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    eager = fn(eager_x, i, j)
+    compiled = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(compiled_x, i, j)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    cotangent = torch.arange(eager.numel(), dtype=eager.dtype).reshape(eager.shape)
+    eager.backward(cotangent)
+    compiled.backward(cotangent)
+    torch.testing.assert_close(compiled_x.grad, eager_x.grad, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("case", ["patches", "overlapping", "frames"])
 def test_unfold_backward(case):
     # unfold's backward scatters with int32 indices, which ONNX's ScatterND refuses: the session failed to load.
