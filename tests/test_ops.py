@@ -292,6 +292,20 @@ def test_stable_sort_keeps_equal_values_in_order(descending):
     torch.testing.assert_close(actual, fn(x), rtol=0, atol=0, equal_nan=True)
 
 
+def test_topk_takes_the_lowest_indices_of_tied_values():
+    # The README's exactness table: eager's order of ties is its CPU selection algorithm's (unspecified by torch,
+    # not reproduced); aot2onnx's is ONNX TopK's, lowest index first. Values match; the gradient follows the
+    # indices returned.
+    x = torch.tensor([[1.0, 3, 3, 2, 3, 1], [0, 0, 0, 0, 5, 5]])
+    eager = torch.topk(x, 3)
+    compiled_x = x.clone().requires_grad_()
+    values, indices = torch.compile(lambda x: torch.topk(x, 3), backend=aot2onnx.backend(fallback=False))(compiled_x)
+    assert torch.equal(values, eager.values)
+    assert eager.indices.tolist() == [[2, 4, 1], [5, 4, 3]] and indices.tolist() == [[1, 2, 4], [4, 5, 0]]
+    values.backward(torch.ones_like(values))
+    assert torch.equal(compiled_x.grad, torch.zeros_like(x).scatter(1, indices, 1.0))
+
+
 def test_squeeze_of_a_dimension_other_than_one_is_a_no_op():
     # ONNX's Squeeze refuses a size other than 1, where ATen leaves the dimension: the session failed to load.
     x = torch.randn(5, 1, 4, 1)
