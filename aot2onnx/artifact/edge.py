@@ -288,6 +288,10 @@ class _SignatureCheck:
         self.sig, self.path = sig, path
         self.state: dict[str, dict] = {}
         self.sections: dict[str, dict] = {}  # present graphs
+        # What sources name, by name, as the entries are checked: the forward's outputs (before the backward's
+        # inputs are checked) and the gradients by parameter (before the optimizer's inputs are).
+        self.forward_outputs: dict[str, dict] = {}
+        self.gradients: dict[str, dict] = {}
 
     def fail(self, message: str) -> ArtifactError:
         return ArtifactError(f"{self.path}: {message}")
@@ -429,11 +433,8 @@ class _SignatureCheck:
         if refers_to == "user_input":
             inputs = self.sig["user_inputs"]
             return inputs[value] if _is_int(value) and 0 <= value < len(inputs) else None
-        if refers_to == "forward_output":
-            return next((e for e in self.sections["forward"]["outputs"] if e["name"] == value), None)
-        # "gradient": the backward output whose target is the parameter ``value``
-        return next((e for e in self.sections["backward"]["outputs"]
-                     if e.get("role") == "grad" and e.get("target") == value), None)
+        table = self.forward_outputs if refers_to == "forward_output" else self.gradients
+        return table.get(value) if isinstance(value, str) else None
 
     def entries(self, graph: str, direction: str, writers: dict[str, str]) -> None:
         roles = _ROLES[(graph, direction)]
@@ -479,12 +480,13 @@ class _SignatureCheck:
                 indices.add(index)
             elif "index" in entry:
                 raise self.fail(f"{label} has an 'index', which only a user_output takes")
-        if graph == "backward" and direction == "outputs":
-            # one gradient per parameter: the optimizer reads "the backward output whose target is" it
-            targets = [e["target"] for e in self.sections[graph][direction]]
-            for target in targets:
-                if targets.count(target) > 1:
-                    raise self.fail(f"backward.outputs lists two gradients of {target!r}")
+            if graph == "forward" and direction == "outputs":
+                self.forward_outputs[entry["name"]] = entry
+            if role == "grad" and direction == "outputs":
+                # one gradient per parameter: the optimizer reads "the backward output whose target is" it
+                if entry[key] in self.gradients:
+                    raise self.fail(f"backward.outputs lists two gradients of {entry[key]!r}")
+                self.gradients[entry[key]] = entry
 
     def losses(self) -> None:
         forward, backward = self.sections["forward"], self.sections["backward"]
