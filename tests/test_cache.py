@@ -15,6 +15,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import aot2onnx
+from aot2onnx.compile import cache
 from aot2onnx.compile.cache import GraphCache
 from aot2onnx.testing import assert_same_effects
 
@@ -138,8 +139,54 @@ def test_a_writer_killed_mid_write_leaves_no_entry(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 9, result.stderr[-2000:]
     assert _entries(tmp_path) == []
-    leftovers = [n for _, _, names in os.walk(tmp_path) for n in names if n.startswith(".tmp-")]
+    leftovers = _temporaries(tmp_path)
     assert leftovers, "the writer should have died with its temporary file written"
+    # Nothing published it and nothing else would remove it: the cache does, once the file is old enough that
+    # no live writer can own it.
+    GraphCache.open(tmp_path)
+    assert _temporaries(tmp_path) == leftovers, "a recent temporary file may be a live writer's"
+    _age(leftovers, cache.STALE_TEMPORARY_SECONDS + 60)
+    cache._SWEPT_DIRECTORIES.discard(tmp_path)  # a new process
+    GraphCache.open(tmp_path)
+    assert _temporaries(tmp_path) == []
+
+
+def _temporaries(directory) -> list[str]:
+    return sorted(os.path.join(root, n) for root, _, names in os.walk(directory) for n in names
+                  if n.startswith(".tmp-") or n.endswith(".tmp"))
+
+
+def _age(paths, seconds: float) -> None:
+    for path in paths:
+        st = os.stat(path)
+        os.utime(path, (st.st_atime - seconds, st.st_mtime - seconds))
+
+
+def test_opening_the_cache_removes_only_stale_temporary_files(tmp_path):
+    keep, stale = [], []
+    for sub, name, old, removed in [
+        ("ab", ".tmp-x1y2", True, True),  # GraphCache._write's, left by a killed writer
+        ("aot/env/key", ".1234.5678.tmp", True, True),  # torch's write_atomic, under AOTAutograd's entries
+        ("ab", ".tmp-z3", False, False),  # a live writer's
+        ("ab", "abcd.onnxentry", True, False),  # entries, however old
+        ("aot/env/key", "0f1e2d", True, False),
+        ("ab", "tmp-no-dot", True, False),
+    ]:
+        path = tmp_path / sub / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+        if old:
+            _age([path], cache.STALE_TEMPORARY_SECONDS + 60)
+        (stale if removed else keep).append(str(path))
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.tmp"
+    outside.write_bytes(b"x")
+    _age([outside], cache.STALE_TEMPORARY_SECONDS + 60)
+    (tmp_path / "ab" / ".tmp-link").symlink_to(outside)  # not followed, and not a regular file
+    keep.append(str(tmp_path / "ab" / ".tmp-link"))
+    tmp_path.chmod(0o700)
+    assert GraphCache.open(tmp_path) is not None
+    remaining = sorted(os.path.join(root, n) for root, _, names in os.walk(tmp_path) for n in names)
+    assert remaining == sorted(keep) and outside.exists()
 
 
 @pytest.mark.parametrize("value", ["", "0", "off"])

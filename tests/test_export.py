@@ -340,6 +340,33 @@ def test_load_returns_user_outputs_and_writes_buffers_back(tmp_path):
         torch.testing.assert_close(loaded.get_buffer(key), net.get_buffer(key), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_load_reads_16_bit_state(dtype, tmp_path):
+    """The state file's bfloat16 tensors are ml_dtypes arrays, which torch.from_numpy refused: load failed."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+            self.register_buffer("scale", torch.tensor([0.5, 2.0, -1.25]))
+
+        def forward(self, x, y):
+            return F.mse_loss(self.fc(x) * self.scale, y)
+
+    torch.manual_seed(0)
+    net = Net().to(dtype)
+    aot2onnx.export_training(net, (torch.randn(5, 4, dtype=dtype), torch.randn(5, 3, dtype=dtype)), tmp_path)
+    loaded = aot2onnx.load(tmp_path)
+    for key, value in net.state_dict().items():  # exactly the exported bits
+        assert loaded.state_dict()[key].dtype == dtype and torch.equal(loaded.state_dict()[key], value), key
+    x, y = torch.randn(7, 4, dtype=dtype), torch.randn(7, 3, dtype=dtype)
+    loss, eager_loss = loaded(x, y), net(x, y)
+    loss.backward()
+    eager_loss.backward()
+    torch.testing.assert_close(loss, eager_loss)  # torch's default tolerances for the dtype
+    for name, p in net.named_parameters():
+        torch.testing.assert_close(loaded.get_parameter(name).grad, p.grad, msg=name)
+
+
 def test_frozen_parameter_eval_batchnorm_and_non_persistent_buffer(tmp_path):
     """The backward reads buffers (BatchNorm in eval mode); a frozen parameter gets no gradient and no update."""
 
@@ -577,6 +604,21 @@ def test_refuses_signature_that_is_not_json(reader, artifact_copy):
     _refused(reader, artifact_copy, "signature.json is not valid JSON")
 
 
+def _change_user_input(sig: dict, position: int, **fields) -> None:
+    """Changes user input ``position`` and every model input fed from it alike: the signature stays consistent
+    with itself and disagrees with the models only."""
+    sig["user_inputs"][position].update(fields)
+    for graph in ("forward", "backward"):
+        for e in sig[graph]["inputs"]:
+            if e["role"] == "user_input" and e["source"] == position:
+                e.update(fields)
+
+
+def _change_loss(sig: dict, **fields) -> None:
+    _entry(sig, "forward", "outputs", "loss").update(fields)
+    _entry(sig, "backward", "inputs", "grad:loss").update(fields)
+
+
 SIGNATURE_EDITS = {
     "input name": (lambda s: _entry(s, "forward", "inputs", "x").update(name="features"),
                    r"forward.onnx: the signature lists input 'features' .* which the model does not have"),
@@ -584,11 +626,11 @@ SIGNATURE_EDITS = {
                     r"backward.onnx: the signature lists output 'grad:bias'"),
     "missing input": (lambda s: s["forward"]["inputs"].remove(_entry(s, "forward", "inputs", "y")),
                       r"forward.onnx: the model has input 'y', which the signature does not list"),
-    "dtype": (lambda s: _entry(s, "forward", "inputs", "model.0.weight").update(dtype="float64"),
-              r"forward.onnx: input 'model.0.weight' is float32 in the model but float64 in the signature"),
-    "rank": (lambda s: _entry(s, "forward", "inputs", "x").update(shape=["batch", 32, 1]),
+    "dtype": (lambda s: _change_user_input(s, 0, dtype="float64"),
+              r"forward.onnx: input 'x' is float32 in the model but float64 in the signature"),
+    "rank": (lambda s: _change_user_input(s, 0, shape=["batch", 32, 1]),
              r"forward.onnx: input 'x' has rank 2 in the model but 3 in the signature"),
-    "output dtype": (lambda s: _entry(s, "forward", "outputs", "loss").update(dtype="float16"),
+    "output dtype": (lambda s: _change_loss(s, dtype="float16"),
                      r"output 'loss' is float32 in the model but float16 in the signature"),
     "dangling source": (lambda s: _entry(s, "forward", "inputs", "model.0.weight").update(source="model.9.weight"),
                         r"has source 'model.9.weight', which names no parameter"),

@@ -292,11 +292,45 @@ def test_stable_sort_keeps_equal_values_in_order(descending):
     torch.testing.assert_close(actual, fn(x), rtol=0, atol=0, equal_nan=True)
 
 
+def test_topk_takes_the_lowest_indices_of_tied_values():
+    # The README's exactness table: eager's order of ties is its CPU selection algorithm's (unspecified by torch,
+    # not reproduced); aot2onnx's is ONNX TopK's, lowest index first. Values match; the gradient follows the
+    # indices returned.
+    x = torch.tensor([[1.0, 3, 3, 2, 3, 1], [0, 0, 0, 0, 5, 5]])
+    eager = torch.topk(x, 3)
+    compiled_x = x.clone().requires_grad_()
+    values, indices = torch.compile(lambda x: torch.topk(x, 3), backend=aot2onnx.backend(fallback=False))(compiled_x)
+    assert torch.equal(values, eager.values)
+    assert eager.indices.tolist() == [[2, 4, 1], [5, 4, 3]] and indices.tolist() == [[1, 2, 4], [4, 5, 0]]
+    values.backward(torch.ones_like(values))
+    assert torch.equal(compiled_x.grad, torch.zeros_like(x).scatter(1, indices, 1.0))
+
+
 def test_squeeze_of_a_dimension_other_than_one_is_a_no_op():
     # ONNX's Squeeze refuses a size other than 1, where ATen leaves the dimension: the session failed to load.
     x = torch.randn(5, 1, 4, 1)
     fn = lambda x: (x.squeeze(2) * 2, x.squeeze((0, 1, 3)) + 1, x.squeeze(-2).sum(), x[0, 0].squeeze(0))  # noqa: E731
     torch.testing.assert_close(torch.compile(fn, backend=aot2onnx.backend(fallback=False))(x), fn(x))
+
+
+@pytest.mark.parametrize("index", ["x[i]", "x[i, j]", "x[:, j]", "x[i[:, None], j]"])
+def test_int32_indices_lower_without_a_fallback(index):
+    # ONNX's GatherND takes int64 indices only: indexing with int32 ones made a model ONNX Runtime refused to load
+    # (the nodes ran in PyTorch; with fallback=False compilation failed).
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 4, generator=g)
+    i = torch.tensor([0, 4, 4, -1], dtype=torch.int32)
+    j = torch.tensor([1, 3, 0, -4], dtype=torch.int32)
+    fn = {"x[i]": lambda x, i, j: x[i] * 2, "x[i, j]": lambda x, i, j: x[i, j] * 2,
+          "x[:, j]": lambda x, i, j: x[:, j] * 2, "x[i[:, None], j]": lambda x, i, j: x[i[:, None], j] * 2}[index]
+    eager_x, compiled_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    eager = fn(eager_x, i, j)
+    compiled = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(compiled_x, i, j)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    cotangent = torch.arange(eager.numel(), dtype=eager.dtype).reshape(eager.shape)
+    eager.backward(cotangent)
+    compiled.backward(cotangent)
+    torch.testing.assert_close(compiled_x.grad, eager_x.grad, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("case", ["patches", "overlapping", "frames"])

@@ -22,6 +22,8 @@ import pathlib
 import re
 import sys
 import tempfile
+import zipfile
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -30,8 +32,8 @@ import onnxruntime as ort
 import safetensors
 import safetensors.numpy
 
-__all__ = ["FORMAT", "ArtifactError", "Artifact", "Trainer", "open_artifact", "read_state", "check_model_io",
-           "check_embedded_signature", "main"]
+__all__ = ["FORMAT", "ArtifactError", "Artifact", "StepError", "Trainer", "open_artifact", "read_state",
+           "check_signature", "check_model_io", "check_embedded_signature", "parse_json", "main"]
 
 FORMAT = "aot2onnx.training/2"
 # /1: the learning rate and AdamW's weight decay were constants of optimizer.onnx. /2 makes them inputs (roles
@@ -51,6 +53,12 @@ class ArtifactError(ValueError):
     """
 
 
+class StepError(RuntimeError):
+    """ONNX Runtime failed while running a model of an artifact that passed every check at open: the model's
+    own computation or the batch's values (an index out of range) made it fail. The message names the model and
+    the step."""
+
+
 # Which roles each model's inputs and outputs may have, and what their "source" / "target" refers to.
 _ROLES = {
     ("forward", "inputs"): {"parameter": "parameter", "buffer": "buffer", "user_input": "user_input"},
@@ -65,10 +73,6 @@ _ROLES = {
 _STATE_KINDS = ("parameter", "buffer", "optimizer_state")
 _DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "uint16",
            "uint32", "uint64", "bool")
-_ORT_DTYPES = {f"tensor({t})": d for t, d in (
-    ("float", "float32"), ("double", "float64"), ("float16", "float16"), ("bfloat16", "bfloat16"),
-    ("int64", "int64"), ("int32", "int32"), ("int16", "int16"), ("int8", "int8"), ("uint8", "uint8"),
-    ("uint16", "uint16"), ("uint32", "uint32"), ("uint64", "uint64"), ("bool", "bool"))}
 _SAFETENSORS_DTYPES = {"F32": "float32", "F64": "float64", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
                        "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "U16": "uint16", "U32": "uint32",
                        "U64": "uint64", "BOOL": "bool"}
@@ -98,11 +102,27 @@ def lr_factor(schedule: Mapping[str, Any] | None, step: int) -> float:
 
 # ---------------------------------------------------------------------------------------------------------
 # Reading and checking an artifact
+#
+# open_artifact is the one validator: both readers (this file's Trainer and command line, and aot2onnx.load)
+# open an artifact with it, and it refuses, before any ONNX Runtime session exists, what docs/artifact-format.md
+# says a reader must refuse. It is here rather than in a module of its own because this file is what a device
+# copies, alone, and it imports neither torch nor the rest of aot2onnx.
+
+# What an artifact may declare. A reader builds the gradient of the loss from a declared shape and trusts the
+# declared shapes to describe every tensor it feeds: a hostile shape must not become a 128 GiB allocation.
+MAX_SIZE = 2**31 - 1  # one dimension
+MAX_ELEMENTS = 2**32  # one tensor (its static dimensions): a 128k x 32k embedding fits
+# The signature nests 5 deep. json recurses once per level and raises RecursionError near 1000; the depth is
+# measured before json parses anything.
+MAX_JSON_DEPTH = 32
+MAX_SIGNATURE_BYTES = 64 << 20
+GRAPHS = ("forward", "backward", "optimizer")
+_FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
 class Artifact:
-    """An artifact directory whose signature and files passed the checks that need no session."""
+    """An artifact directory whose signature, models and state file passed every check that needs no session."""
 
     root: pathlib.Path
     signature: dict
@@ -116,12 +136,17 @@ class Artifact:
 
 
 def open_artifact(out_dir: str | os.PathLike) -> Artifact:
-    """Reads ``signature.json`` and checks it and the files it names, before any model is loaded.
+    """Reads ``signature.json`` and checks it, the models and the state file against it and against each other,
+    before any model is loaded into ONNX Runtime.
 
     Raises:
-        ArtifactError: a missing file, an unknown format, a signature that contradicts itself, a file (the
-            signature, the state, a model or ONNX external data) that is or resolves outside the artifact
-            directory.
+        ArtifactError: naming the file, the entry and the problem: a missing file; an unknown format; a signature
+            that is not JSON, nests too deeply, is malformed (a field of the wrong type, a size out of range,
+            hyperparameters incomplete) or contradicts itself (two entries with one name, two writers of one
+            state entry, a source or target that names nothing or does not fit what it names); a model whose
+            inputs or outputs differ from the signature's, or that carries another signature; a state file
+            missing a tensor or holding one of another dtype or shape; a file (the signature, the state, a
+            model or ONNX external data) that is or resolves outside the artifact directory.
     """
     root = pathlib.Path(out_dir)
     if not root.is_dir():
@@ -131,143 +156,393 @@ def open_artifact(out_dir: str | os.PathLike) -> Artifact:
     path = _inside(root, SIGNATURE_FILE, f"{root}: the signature file")
     if not path.is_file():
         raise ArtifactError(f"{path} is missing: {root} is not an aot2onnx training artifact (or is incomplete)")
-    try:
-        signature = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ArtifactError(f"{path} is not valid JSON: {e}") from e
-    _check_signature(signature, path)
-    models = {}
-    for graph in ("forward", "backward", "optimizer"):
+    if path.stat().st_size > MAX_SIGNATURE_BYTES:
+        raise ArtifactError(f"{path} is {path.stat().st_size} bytes; a signature is at most {MAX_SIGNATURE_BYTES}")
+    signature = parse_json(path.read_bytes(), str(path))
+    check_signature(signature, path)
+    models, contents = {}, {}
+    for graph in GRAPHS:
         if signature.get(graph) is not None:
             model = _inside(root, signature[graph]["model"], f"{path}: {graph}.model")
             if not model.is_file():
                 raise ArtifactError(f"{model} is missing (the signature's {graph} model)")
-            check_external_data(model)
+            contents[graph] = _read_model(model)
             models[graph] = model
+    # Every model's inputs and outputs first: a disagreement there says more than a differing copy.
+    for graph, model in contents.items():
+        check_model_io(models[graph], signature[graph], model)
+    for graph, model in contents.items():
+        check_embedded_signature(models[graph], model, signature, path)
     if not _inside(root, STATE_FILE, f"{root}: the state file").is_file():
         raise ArtifactError(f"{root / STATE_FILE} is missing: the artifact has no state")
-    return Artifact(root, signature, models)
+    artifact = Artifact(root, signature, models)
+    _state_file(artifact, load=False)
+    return artifact
 
 
 def _inside(root: pathlib.Path, relative: Any, what: str) -> pathlib.Path:
     """``root / relative``, refused unless it stays inside ``root`` (after following symbolic links)."""
-    if not isinstance(relative, str) or not relative:
+    if not isinstance(relative, str) or not relative or "\0" in relative:
         raise ArtifactError(f"{what} must be a file name inside the artifact directory, got {relative!r}")
     parts = re.split(r"[\\/]", relative)
     if relative.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", relative) or ".." in parts:
         raise ArtifactError(f"{what} is {relative!r}, which points outside the artifact directory {root}")
     path = root / relative
-    resolved, base = path.resolve(), root.resolve()
+    try:
+        resolved, base = path.resolve(), root.resolve()
+    except (OSError, RuntimeError) as e:  # a name too long, a symbolic-link loop
+        raise ArtifactError(f"{what} is {relative!r}, which does not resolve: {e}") from e
     if resolved != base and base not in resolved.parents:
         raise ArtifactError(f"{what} is {relative!r}, which resolves to {resolved}, outside the artifact directory {base}")
     return path
 
 
-def _fail(path: pathlib.Path, message: str) -> ArtifactError:
-    return ArtifactError(f"{path}: {message}")
+# ---------------------------------------------------------------------------------------------------------
+# JSON from an artifact: signature.json and the copies the models carry
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
-def _check_signature(sig: Any, path: pathlib.Path) -> None:
-    """Checks the signature's structure and that every name it refers to exists."""
-    if not isinstance(sig, dict):
-        raise _fail(path, "the signature must be a JSON object")
-    if sig.get("format") not in READABLE_FORMATS:
-        raise _fail(path, f"unknown format {sig.get('format')!r}; this reader understands {READABLE_FORMATS}")
-    for key, kind in (("state", list), ("user_inputs", list), ("forward", dict), ("backward", dict)):
-        if not isinstance(sig.get(key), kind):
-            raise _fail(path, f"{key!r} must be a JSON {'array' if kind is list else 'object'}")
-    if sig.get("optimizer") is not None and not isinstance(sig["optimizer"], dict):
-        raise _fail(path, "'optimizer' must be a JSON object or null")
-    schedule = ((sig.get("optimizer") or {}).get("hyperparameters") or {}).get("schedule")
-    if schedule is not None:
-        known = {"constant": (), "linear": ("warmup_steps", "total_steps"), "cosine": ("warmup_steps", "total_steps")}
-        if not isinstance(schedule, dict) or schedule.get("name") not in known or not all(
-            isinstance(schedule.get(k), int) and schedule[k] >= 0 for k in known[schedule["name"]]
-        ):
-            raise _fail(path, f"optimizer schedule {schedule!r} is not one this reader knows ({sorted(known)})")
-    if not isinstance(sig.get("dims", {}), dict):
-        raise _fail(path, "'dims' must be a JSON object")
-    for dim, limits in sig.get("dims", {}).items():
-        bounds = (limits.get("min"), limits.get("max")) if isinstance(limits, dict) else (None, "x")
-        if not isinstance(bounds[0], int) or not (bounds[1] is None or isinstance(bounds[1], int)):
-            raise _fail(path, f"dim {dim!r} needs an integer 'min' and an integer or null 'max', got {limits!r}")
+def parse_json(data: bytes, what: str) -> Any:
+    """``json.loads`` of UTF-8 ``data``, refusing with ArtifactError (naming ``what``): text that is not JSON,
+    nesting deeper than MAX_JSON_DEPTH (measured first, so that json never recurses that far), an object with a
+    key twice (readers would disagree on which counts), and NaN or infinite numbers."""
+    # The depth: brackets outside strings, counted up and down. An unterminated string leaves its brackets in,
+    # which can only overstate the depth of text json would refuse anyway.
+    codes = np.frombuffer(_JSON_STRING.sub(b"", data), dtype=np.uint8)
+    depth = np.cumsum(np.isin(codes, (ord("["), ord("{"))), dtype=np.int64) - np.cumsum(
+        np.isin(codes, (ord("]"), ord("}"))), dtype=np.int64)
+    if depth.size and int(depth.max()) > MAX_JSON_DEPTH:
+        raise ArtifactError(f"{what} nests {int(depth.max())} levels deep; a signature nests at most {MAX_JSON_DEPTH}")
 
-    state: dict[str, dict] = {}
-    for entry in sig["state"]:
-        _check_tensor_entry(entry, path, "state", static=True)
-        if entry.get("kind") not in _STATE_KINDS:
-            raise _fail(path, f"state {entry['name']!r} has kind {entry.get('kind')!r}, not one of {_STATE_KINDS}")
-        if entry["name"] in state:
-            raise _fail(path, f"state {entry['name']!r} is listed twice")
-        state[entry["name"]] = entry
-    tied = sig.get("tied", [])
-    if not isinstance(tied, list):
-        raise _fail(path, "'tied' must be a JSON array")
-    for entry in tied:
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or entry.get("state") not in state:
-            raise _fail(path, f"tied entry {entry!r} must name itself and a state entry")
-        if entry["name"] in state or sum(e.get("name") == entry["name"] for e in tied) > 1:
-            raise _fail(path, f"tied name {entry['name']!r} is listed twice")
-    for i, entry in enumerate(sig["user_inputs"]):
-        _check_tensor_entry(entry, path, "user_inputs", static=False)
-        if entry.get("position") != i:
-            raise _fail(path, f"user input {entry['name']!r} has position {entry.get('position')!r}, expected {i}")
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+        result = dict(pairs)
+        if len(result) != len(pairs):
+            keys = [k for k, _ in pairs]
+            raise ArtifactError(f"{what}: an object lists the key {next(k for k in keys if keys.count(k) > 1)!r} twice")
+        return result
 
-    forward_outputs = {e.get("name") for e in sig["forward"].get("outputs", []) if isinstance(e, dict)}
-    gradients = {e.get("target") for e in sig["backward"].get("outputs", []) if isinstance(e, dict)}
-    referents = {
-        "parameter": lambda v: v in state and state[v]["kind"] == "parameter",
-        "buffer": lambda v: v in state and state[v]["kind"] == "buffer",
-        "optimizer_state": lambda v: v in state and state[v]["kind"] == "optimizer_state",
-        "user_input": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(sig["user_inputs"]),
-        "forward_output": lambda v: v in forward_outputs,
-        "gradient": lambda v: v in gradients,
-    }
-    for graph in ("forward", "backward", "optimizer"):
-        section = sig.get(graph)
-        if section is None:
-            continue
-        if not isinstance(section.get("model"), str):
-            raise _fail(path, f"{graph}.model must be a file name")
-        for direction in ("inputs", "outputs"):
-            entries = section.get(direction)
-            if not isinstance(entries, list):
-                raise _fail(path, f"{graph}.{direction} must be a JSON array")
-            roles = _ROLES[(graph, direction)]
-            names = set()
-            for entry in entries:
-                _check_tensor_entry(entry, path, f"{graph}.{direction}", static=False)
-                if entry["name"] in names:
-                    raise _fail(path, f"{graph}.{direction} lists {entry['name']!r} twice")
-                names.add(entry["name"])
-                role = entry.get("role")
-                if role not in roles:
-                    raise _fail(path, f"{graph}.{direction} {entry['name']!r} has role {role!r}, not one of {sorted(roles)}")
-                refers_to = roles[role]
-                if refers_to is not None:
-                    key = "source" if direction == "inputs" else "target"
-                    if not referents[refers_to](entry.get(key)):
-                        raise _fail(path, f"{graph}.{direction} {entry['name']!r} ({role}) has {key} "
-                                          f"{entry.get(key)!r}, which names no {refers_to.replace('_', ' ')}")
-    losses = [e for e in sig["forward"]["outputs"] if e["role"] == "loss"]
-    if len(losses) != 1:
-        raise _fail(path, f"the forward model must have exactly one loss output, the signature lists {len(losses)}")
+    def finite(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ArtifactError(f"{what}: the number {text} is out of range")
+        return value
+
+    def constant(text: str) -> None:
+        raise ArtifactError(f"{what}: {text} is not a JSON number")
+
+    try:
+        return json.loads(data.decode("utf-8"), object_pairs_hook=unique_keys, parse_float=finite,
+                          parse_constant=constant)
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"{what} is not valid JSON: it is not UTF-8 ({e})") from e
+    except ValueError as e:  # JSONDecodeError, and int() of a number with more than 4300 digits
+        if isinstance(e, ArtifactError):
+            raise
+        raise ArtifactError(f"{what} is not valid JSON: {e}") from e
 
 
-def _check_tensor_entry(entry: Any, path: pathlib.Path, where: str, *, static: bool) -> None:
-    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
-        raise _fail(path, f"every entry of {where} needs a non-empty 'name', got {entry!r}")
-    if entry.get("dtype") not in _DTYPES:
-        raise _fail(path, f"{where} {entry['name']!r} has dtype {entry.get('dtype')!r}, not one of {_DTYPES}")
-    shape = entry.get("shape")
-    dim_ok = (lambda d: isinstance(d, int) and d >= 0) if static else (lambda d: isinstance(d, (int, str)))
-    if not isinstance(shape, list) or not all(dim_ok(d) and not isinstance(d, bool) for d in shape):
-        raise _fail(path, f"{where} {entry['name']!r} has shape {shape!r}; expected a list of "
-                          f"{'sizes' if static else 'sizes and dim names'}")
+# ---------------------------------------------------------------------------------------------------------
+# The signature
 
 
-# ONNX external data, read from the protobuf wire format (the onnx package is not a dependency here). The
-# field numbers are onnx.proto's: each path leads from ModelProto to every TensorProto in it.
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _layout(entry: Mapping[str, Any]) -> str:
+    return f"{entry['dtype']}{entry['shape']}"
+
+
+def _same_layout(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """One value can flow from ``a`` to ``b``: the same dtype and rank, and at each dimension the same size, or
+    dimension names on both sides (names are symbolic: ``batch`` on one side, ``16*batch`` may be on the other)."""
+    return a["dtype"] == b["dtype"] and len(a["shape"]) == len(b["shape"]) and all(
+        x == y if _is_int(x) or _is_int(y) else True for x, y in zip(a["shape"], b["shape"]))
+
+
+# Each optimizer's hyperparameters: name -> {field: check}. Ranges as aot2onnx.optim's constructors check them.
+_NON_NEGATIVE = (lambda v: _is_number(v) and v >= 0, "a number >= 0")
+_HYPERPARAMETERS = {
+    "sgd": {"lr": _NON_NEGATIVE, "momentum": _NON_NEGATIVE, "weight_decay": _NON_NEGATIVE},
+    "adamw": {"lr": _NON_NEGATIVE, "eps": _NON_NEGATIVE, "weight_decay": _NON_NEGATIVE,
+              "betas": (lambda v: isinstance(v, list) and len(v) == 2 and all(_is_number(b) and 0 <= b < 1 for b in v),
+                        "two numbers in [0, 1)")},
+}
+_SCHEDULES = {"constant": (), "linear": ("warmup_steps", "total_steps"), "cosine": ("warmup_steps", "total_steps")}
+
+
+def check_signature(sig: Any, path: pathlib.Path) -> None:
+    """Refuses a signature that is malformed or contradicts itself (the checks that need only the JSON)."""
+    _SignatureCheck(sig, path).run()
+
+
+class _SignatureCheck:
+    """One pass over a parsed signature. ``fail`` names the file; each message names the entry and the problem."""
+
+    def __init__(self, sig: Any, path: pathlib.Path) -> None:
+        self.sig, self.path = sig, path
+        self.state: dict[str, dict] = {}
+        self.sections: dict[str, dict] = {}  # present graphs
+        # What sources name, by name, as the entries are checked: the forward's outputs (before the backward's
+        # inputs are checked) and the gradients by parameter (before the optimizer's inputs are).
+        self.forward_outputs: dict[str, dict] = {}
+        self.gradients: dict[str, dict] = {}
+
+    def fail(self, message: str) -> ArtifactError:
+        return ArtifactError(f"{self.path}: {message}")
+
+    def run(self) -> None:
+        sig = self.sig
+        if not isinstance(sig, dict):
+            raise self.fail("the signature must be a JSON object")
+        if sig.get("format") not in READABLE_FORMATS:
+            raise self.fail(f"unknown format {sig.get('format')!r}; this reader understands {READABLE_FORMATS}")
+        if not isinstance(sig.get("versions", {}), dict):
+            raise self.fail(f"'versions' must be a JSON object, got {sig['versions']!r}")
+        module = sig.get("module")
+        if not isinstance(module, dict) or not isinstance(module.get("class"), str) \
+                or module.get("returns") not in ("loss", "tuple"):
+            raise self.fail(f"'module' must be an object with a 'class' and 'returns' \"loss\" or \"tuple\", got "
+                            f"{module!r}")
+        for key in ("state", "user_inputs"):
+            if not isinstance(sig.get(key), list):
+                raise self.fail(f"{key!r} must be a JSON array, got {sig.get(key)!r}")
+        for graph in GRAPHS:
+            section = sig.get(graph)
+            if section is None and graph == "optimizer":
+                continue
+            if not isinstance(section, dict):
+                raise self.fail(f"{graph!r} must be a JSON object{' or null' if graph == 'optimizer' else ''}, got "
+                                f"{section!r}")
+            if not isinstance(section.get("model"), str):
+                raise self.fail(f"{graph}.model must be a file name, got {section.get('model')!r}")
+            for direction in ("inputs", "outputs"):
+                if not isinstance(section.get(direction), list):
+                    raise self.fail(f"{graph}.{direction} must be a JSON array, got {section.get(direction)!r}")
+            self.sections[graph] = section
+        self.dims()
+        self.user_inputs()
+        self.state_entries()
+        self.tied()
+        self.module_paths()
+        writers: dict[str, str] = {}  # state name -> the output that writes it
+        for graph in self.sections:
+            for direction in ("inputs", "outputs"):
+                self.entries(graph, direction, writers)
+        self.losses()
+        if "optimizer" in self.sections:
+            self.hyperparameters(self.sections["optimizer"])
+        step = self.state.get(STEP_STATE)
+        if step is not None and (step["dtype"], step["shape"]) != ("int64", []):
+            raise self.fail(f"state {STEP_STATE!r} is the optimizer's step counter and must be int64[], got "
+                            f"{_layout(step)}")
+
+    def tensor(self, entry: Any, where: str, *, static: bool) -> str:
+        """Checks a name, dtype and shape; returns how messages name the entry."""
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+            raise self.fail(f"{where} needs a non-empty 'name', got {entry!r}")
+        label = f"{where.rsplit('[', 1)[0]} {entry['name']!r}"
+        if entry.get("dtype") not in _DTYPES:
+            raise self.fail(f"{label} has dtype {entry.get('dtype')!r}, not one of {_DTYPES}")
+        shape = entry.get("shape")
+        if not isinstance(shape, list) or not all(
+                (_is_int(d) and d >= 0) or (not static and isinstance(d, str) and d) for d in shape):
+            raise self.fail(f"{label} has shape {shape!r}; expected a list of "
+                            f"{'sizes >= 0' if static else 'sizes >= 0 and dimension names'}")
+        sizes = [d for d in shape if _is_int(d)]
+        if any(d > MAX_SIZE for d in sizes) or math.prod(sizes) > MAX_ELEMENTS:
+            raise self.fail(f"{label} has shape {shape}, beyond this reader's limits ({MAX_SIZE} per dimension, "
+                            f"{MAX_ELEMENTS} elements)")
+        return label
+
+    def dims(self) -> None:
+        dims = self.sig.get("dims", {})
+        if not isinstance(dims, dict):
+            raise self.fail(f"'dims' must be a JSON object, got {dims!r}")
+        for name, limits in dims.items():
+            ok = isinstance(limits, dict) and all(_is_int(limits.get(k)) for k in ("example", "min")) and (
+                limits.get("max", "") is None or _is_int(limits.get("max")))
+            if not ok or not 1 <= limits["min"] <= limits["example"] <= min(limits["max"] or MAX_SIZE, MAX_SIZE):
+                raise self.fail(f"dim {name!r} needs integers 1 <= 'min' <= 'example' <= 'max' (or 'max' null) "
+                                f"<= {MAX_SIZE}, got {limits!r}")
+
+    def user_inputs(self) -> None:
+        names = set()
+        dims = self.sig.get("dims", {})
+        for i, entry in enumerate(self.sig["user_inputs"]):
+            label = self.tensor(entry, f"user_inputs[{i}]", static=False)
+            if entry.get("position") != i or not _is_int(entry.get("position")):
+                raise self.fail(f"{label} has position {entry.get('position')!r}, expected {i}")
+            if entry["name"] in names:
+                raise self.fail(f"{label} is listed twice")
+            names.add(entry["name"])
+            for dim in entry["shape"]:
+                if isinstance(dim, str) and dim not in dims:
+                    raise self.fail(f"{label} has dimension {dim!r}, which 'dims' does not list")
+
+    def state_entries(self) -> None:
+        for i, entry in enumerate(self.sig["state"]):
+            label = self.tensor(entry, f"state[{i}]", static=True)
+            if entry.get("kind") not in _STATE_KINDS:
+                raise self.fail(f"{label} has kind {entry.get('kind')!r}, not one of {_STATE_KINDS}")
+            for flag in ("requires_grad", "persistent"):
+                if not isinstance(entry.get(flag, True), bool):
+                    raise self.fail(f"{label} has {flag} {entry[flag]!r}; expected true or false")
+            if entry["name"] in self.state:
+                raise self.fail(f"{label} is listed twice")
+            self.state[entry["name"]] = entry
+
+    def tied(self) -> None:
+        tied = self.sig.get("tied", [])
+        if not isinstance(tied, list):
+            raise self.fail(f"'tied' must be a JSON array, got {tied!r}")
+        names = set()
+        for entry in tied:
+            well_formed = isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("name", "state"))
+            stored = self.state.get(entry["state"]) if well_formed else None
+            if stored is None or stored["kind"] == "optimizer_state" or not entry["name"]:
+                raise self.fail(f"tied entry {entry!r} must have a 'name' and a 'state' naming a parameter or buffer")
+            if entry["name"] in self.state or entry["name"] in names:
+                raise self.fail(f"tied name {entry['name']!r} is listed twice")
+            names.add(entry["name"])
+
+    def module_paths(self) -> None:
+        """Parameter, buffer and tied names are where aot2onnx.load registers the tensors in a module: no part
+        between dots is empty, and no name is the path of a module holding another (``fc`` and ``fc.weight``)."""
+        names = [n for n, e in self.state.items() if e["kind"] != "optimizer_state"]
+        names += [e["name"] for e in self.sig.get("tied", [])]
+        tensors = set(names)
+        for name in names:
+            parts = name.split(".")
+            if "" in parts:
+                raise self.fail(f"state {name!r} is not a module path: a part between its dots is empty")
+            for end in range(1, len(parts)):
+                if ".".join(parts[:end]) in tensors:
+                    raise self.fail(f"state {name!r} lies in module {'.'.join(parts[:end])!r}, which is a tensor too")
+
+    def referent(self, refers_to: str, value: Any) -> dict | None:
+        """The entry a source or target names, or None."""
+        if refers_to in _STATE_KINDS:
+            entry = self.state.get(value) if isinstance(value, str) else None
+            return entry if entry is not None and entry["kind"] == refers_to else None
+        if refers_to == "user_input":
+            inputs = self.sig["user_inputs"]
+            return inputs[value] if _is_int(value) and 0 <= value < len(inputs) else None
+        table = self.forward_outputs if refers_to == "forward_output" else self.gradients
+        return table.get(value) if isinstance(value, str) else None
+
+    def entries(self, graph: str, direction: str, writers: dict[str, str]) -> None:
+        roles = _ROLES[(graph, direction)]
+        key, other = ("source", "target") if direction == "inputs" else ("target", "source")
+        names: set[str] = set()
+        indices: set[int] = set()
+        for i, entry in enumerate(self.sections[graph][direction]):
+            label = self.tensor(entry, f"{graph}.{direction}[{i}]", static=False)
+            if entry["name"] in names:
+                raise self.fail(f"{graph}.{direction} lists {entry['name']!r} twice")
+            names.add(entry["name"])
+            role = entry.get("role")
+            if not isinstance(role, str) or role not in roles:  # a list would not hash
+                raise self.fail(f"{label} has role {role!r}, not one of {sorted(roles)}")
+            label = f"{label} ({role})"
+            if other in entry:
+                raise self.fail(f"{label} has a {other!r}: {direction} name their {key!r}")
+            refers_to = roles[role]
+            if refers_to is None:
+                if key in entry:
+                    raise self.fail(f"{label} has a {key!r}, which its role does not take")
+            else:
+                referent = self.referent(refers_to, entry.get(key))
+                if referent is None:
+                    raise self.fail(f"{label} has {key} {entry.get(key)!r}, which names no "
+                                    f"{refers_to.replace('_', ' ')}")
+                if not _same_layout(entry, referent):
+                    raise self.fail(f"{label} is {_layout(entry)}, but its {key} {entry[key]!r} is {_layout(referent)}")
+                if direction == "outputs" and graph != "backward":  # a gradient's target is read, not written
+                    if entry[key] in writers:
+                        raise self.fail(f"{label} writes state {entry[key]!r}, which {writers[entry[key]]} writes "
+                                        "too: a state entry has one writer")
+                    writers[entry[key]] = f"{graph}.outputs {entry['name']!r}"
+                if role == "grad" and direction == "outputs" and referent.get("requires_grad") is False:
+                    raise self.fail(f"{label} is a gradient of {entry[key]!r}, which has requires_grad false")
+            if role in ("lr", "weight_decay") and (entry["dtype"], entry["shape"]) != ("float64", []):
+                raise self.fail(f"{label} is {_layout(entry)}; the {role} input is float64[]")
+            if role == "user_output":
+                index = entry.get("index")
+                if not _is_int(index) or index < 1 or index in indices:
+                    raise self.fail(f"{label} has index {index!r}; expected a position >= 1 in the module's "
+                                    "returned tuple, one per output")
+                indices.add(index)
+            elif "index" in entry:
+                raise self.fail(f"{label} has an 'index', which only a user_output takes")
+            if graph == "forward" and direction == "outputs":
+                self.forward_outputs[entry["name"]] = entry
+            if role == "grad" and direction == "outputs":
+                # one gradient per parameter: the optimizer reads "the backward output whose target is" it
+                if entry[key] in self.gradients:
+                    raise self.fail(f"backward.outputs lists two gradients of {entry[key]!r}")
+                self.gradients[entry[key]] = entry
+
+    def losses(self) -> None:
+        forward, backward = self.sections["forward"], self.sections["backward"]
+        losses = [e for e in forward["outputs"] if e["role"] == "loss"]
+        if len(losses) != 1:
+            raise self.fail(f"the forward model must have exactly one loss output, the signature lists {len(losses)}")
+        loss = losses[0]
+        if loss["shape"] != [] or loss["dtype"] not in _FLOAT_DTYPES:
+            raise self.fail(f"forward.outputs {loss['name']!r} (loss) is {_layout(loss)}; a loss is a floating-point "
+                            "scalar")
+        for entry in backward["inputs"]:
+            if entry["role"] == "grad_of_loss" and not _same_layout(entry, loss):
+                raise self.fail(f"backward.inputs {entry['name']!r} (grad_of_loss) is {_layout(entry)}, but the "
+                                f"loss is {_layout(loss)}")
+        if sum(e["role"] == "grad_of_loss" for e in backward["inputs"]) > 1:
+            raise self.fail("backward.inputs lists more than one grad_of_loss")
+        for graph in self.sections:
+            for role in ("lr", "weight_decay"):
+                if sum(e["role"] == role for e in self.sections[graph]["inputs"]) > 1:
+                    raise self.fail(f"{graph}.inputs lists more than one {role}")
+        if self.sig["module"]["returns"] == "loss" and any(e["role"] == "user_output" for e in forward["outputs"]):
+            raise self.fail("module.returns is \"loss\", but forward.outputs lists user_output entries")
+
+    def hyperparameters(self, section: dict) -> None:
+        hyper = section.get("hyperparameters")
+        if not isinstance(hyper, dict):
+            raise self.fail(f"optimizer.hyperparameters must be a JSON object, got {hyper!r}")
+        fields = _HYPERPARAMETERS.get(hyper["name"]) if isinstance(hyper.get("name"), str) else None
+        if fields is None:
+            raise self.fail(f"optimizer.hyperparameters names optimizer {hyper.get('name')!r}, not one of "
+                            f"{sorted(_HYPERPARAMETERS)}")
+        for field, (ok, what) in fields.items():
+            if field not in hyper:
+                raise self.fail(f"optimizer.hyperparameters has no {field!r} (an {hyper['name']} needs "
+                                f"{', '.join(fields)})")
+            if not ok(hyper[field]):
+                raise self.fail(f"optimizer.hyperparameters {field!r} is {hyper[field]!r}; expected {what}")
+        schedule = hyper.get("schedule")
+        if schedule is not None:
+            name = schedule.get("name") if isinstance(schedule, dict) else None
+            ok = isinstance(name, str) and name in _SCHEDULES and all(
+                _is_int(schedule.get(k)) and schedule[k] >= 0 for k in _SCHEDULES[name]) and (
+                _is_number(schedule.get("num_cycles", 0.5)))
+            if not ok:
+                raise self.fail(f"optimizer.hyperparameters schedule {schedule!r} is not one this reader knows "
+                                f"({sorted(_SCHEDULES)}, with integer warmup_steps and total_steps)")
+        clip = hyper.get("max_grad_norm")
+        if clip is not None and not (_is_number(clip) and clip > 0):
+            raise self.fail(f"optimizer.hyperparameters max_grad_norm is {clip!r}; expected a number > 0 or null")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The models, read from the protobuf wire format (the onnx package is not a dependency here): the tensors held as
+# external data, the inputs and outputs, and the metadata. The field numbers are onnx.proto's.
+
+# From ModelProto to every TensorProto in it, for external data.
 _MESSAGES = {
     "model": {7: "graph", 20: "training_info", 25: "function"},
     "training_info": {1: "graph", 2: "graph"},
@@ -278,6 +553,21 @@ _MESSAGES = {
     "sparse_tensor": {1: "tensor", 2: "tensor"},
 }
 _TENSOR_NAME, _TENSOR_EXTERNAL_DATA = 8, 13
+# The inputs, outputs and metadata: ModelProto.graph and .metadata_props; GraphProto.initializer, .input,
+# .output, .sparse_initializer; ValueInfoProto.name, .type; TypeProto.tensor_type (.denotation is the only
+# other field a tensor's type may carry); TypeProto.Tensor.elem_type, .shape; TensorShapeProto.dim;
+# Dimension.dim_value, .dim_param; SparseTensorProto.values.
+_MODEL_GRAPH, _MODEL_METADATA = 7, 14
+_GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT, _GRAPH_SPARSE_INITIALIZER = 5, 11, 12, 15
+_VALUE_NAME, _VALUE_TYPE = 1, 2
+_TYPE_TENSOR, _TYPE_DENOTATION = 1, 6
+_TENSOR_ELEM_TYPE, _TENSOR_SHAPE = 1, 2
+_SHAPE_DIM = 1
+_DIM_VALUE, _DIM_PARAM = 1, 2
+_SPARSE_VALUES = 1
+# TensorProto.DataType -> the signature's dtype names
+_ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+                10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}
 
 
 class _Malformed(Exception):
@@ -297,15 +587,15 @@ def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: memoryview) -> Iterator[tuple[int, memoryview | None]]:
-    """(field number, bytes of a length-delimited field or None) for each field of one message."""
+def _fields(buf: memoryview) -> Iterator[tuple[int, memoryview | int | None]]:
+    """(field number, value) for each field of one message: the bytes of a length-delimited field, the integer
+    of a varint, None for a fixed-width field."""
     pos = 0
     while pos < len(buf):
         key, pos = _varint(buf, pos)
         wire = key & 7
         if wire == 0:
-            _, pos = _varint(buf, pos)
-            value = None
+            value, pos = _varint(buf, pos)
         elif wire == 1 or wire == 5:
             pos += 8 if wire == 1 else 4
             value = None
@@ -320,12 +610,39 @@ def _fields(buf: memoryview) -> Iterator[tuple[int, memoryview | None]]:
         yield key >> 3, value
 
 
+def _by_field(buf: memoryview | bytes) -> dict[int, list[memoryview | int | None]]:
+    fields: dict[int, list] = {}
+    for number, value in _fields(memoryview(buf)):
+        fields.setdefault(number, []).append(value)
+    return fields
+
+
+def _message(fields: Mapping[int, list], number: int) -> memoryview | bytes | None:
+    """A singular message field: protobuf merges its occurrences, which is parsing their concatenation."""
+    values = _repeated(fields, number)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else b"".join(bytes(v) for v in values)
+
+
+def _repeated(fields: Mapping[int, list], number: int) -> list[memoryview]:
+    values = fields.get(number, [])
+    if not all(isinstance(v, memoryview) for v in values):
+        raise _Malformed
+    return values
+
+
+def _string(fields: Mapping[int, list], number: int) -> str:
+    values = _repeated(fields, number)
+    return bytes(values[-1]).decode("utf-8", "replace") if values else ""  # a singular field: the last counts
+
+
 def _external_locations(buf: memoryview, message: str = "model") -> Iterator[tuple[str, str]]:
     """(tensor name, location) of every tensor stored as external data."""
     if message == "tensor":
         name, location = "", None
         for number, value in _fields(buf):
-            if value is None:
+            if not isinstance(value, memoryview):
                 continue
             if number == _TENSOR_NAME:
                 name = bytes(value).decode("utf-8", "replace")
@@ -338,7 +655,7 @@ def _external_locations(buf: memoryview, message: str = "model") -> Iterator[tup
         return
     children = _MESSAGES[message]
     for number, value in _fields(buf):
-        if value is not None and number in children:
+        if isinstance(value, memoryview) and number in children:
             yield from _external_locations(value, children[number])
 
 
@@ -346,17 +663,38 @@ def _string_entry(buf: memoryview) -> tuple[str | None, str]:
     """The key and value of a StringStringEntryProto."""
     key, value = None, ""
     for number, field in _fields(buf):
-        if field is not None and number in (1, 2):
+        if isinstance(field, memoryview) and number in (1, 2):
             text = bytes(field).decode("utf-8", "replace")
             key, value = (text, value) if number == 1 else (key, text)
     return key, value
 
 
-def check_external_data(model: pathlib.Path) -> None:
-    """Refuses external-data locations outside the model's directory, or naming missing files, before ONNX
-    Runtime reads any."""
+@dataclasses.dataclass(frozen=True)
+class _Model:
+    """What the readers check of a model before ONNX Runtime opens it."""
+
+    inputs: dict[str, tuple[str, list | None]]  # name -> (dtype, shape: sizes, dim names and None, or None)
+    outputs: dict[str, tuple[str, list | None]]
+    metadata: dict[str, list[str]]  # key -> every value the model gives it
+
+
+def _read_model(model: pathlib.Path) -> _Model:
+    """Checks the model's external data (before ONNX Runtime reads any), then reads its inputs, outputs and
+    metadata."""
+    data = memoryview(model.read_bytes())
     try:
-        locations = list(_external_locations(memoryview(model.read_bytes())))
+        locations = list(_external_locations(data))
+        fields = _by_field(data)
+        graph = _by_field(_message(fields, _MODEL_GRAPH) or b"")
+        inputs, outputs = (_value_infos(model, graph, number, direction)
+                           for number, direction in ((_GRAPH_INPUT, "input"), (_GRAPH_OUTPUT, "output")))
+        initializers = {_string(_by_field(t), _TENSOR_NAME) for t in _repeated(graph, _GRAPH_INITIALIZER)} | {
+            _string(_by_field(_message(_by_field(t), _SPARSE_VALUES) or b""), _TENSOR_NAME)
+            for t in _repeated(graph, _GRAPH_SPARSE_INITIALIZER)}
+        metadata: dict[str, list[str]] = {}
+        for entry in _repeated(fields, _MODEL_METADATA):
+            key, value = _string_entry(entry)
+            metadata.setdefault(key, []).append(value)
     except _Malformed:
         raise ArtifactError(f"{model} is not a valid ONNX model (malformed protobuf)") from None
     except RecursionError:
@@ -366,59 +704,90 @@ def check_external_data(model: pathlib.Path) -> None:
         path = _inside(model.parent, location, f"{model}: the external data of tensor {tensor!r}")
         if not path.is_file():
             raise ArtifactError(f"{model}: the external data of tensor {tensor!r} is in {location!r}, which is missing")
+    # An input with an initializer of its name has a default (ONNX IR 4): ONNX Runtime does not require it.
+    inputs = {name: io for name, io in inputs.items() if name not in initializers}
+    return _Model(inputs, outputs, metadata)
 
 
-def _model_io(session: ort.InferenceSession) -> tuple[dict[str, tuple[str, list]], dict[str, tuple[str, list]]]:
-    def describe(args: Sequence[Any]) -> dict[str, tuple[str, list]]:
-        return {a.name: (_ORT_DTYPES.get(a.type, a.type), list(a.shape) if a.shape is not None else None) for a in args}
+def _value_infos(model: pathlib.Path, graph: Mapping[int, list], number: int,
+                 direction: str) -> dict[str, tuple[str, list | None]]:
+    values: dict[str, tuple[str, list | None]] = {}
+    for info in _repeated(graph, number):
+        fields = _by_field(info)
+        name = _string(fields, _VALUE_NAME)
+        kind = _by_field(_message(fields, _VALUE_TYPE) or b"")
+        if name in values:
+            raise ArtifactError(f"{model}: the model lists {direction} {name!r} twice")
+        if _TYPE_TENSOR not in kind or set(kind) - {_TYPE_TENSOR, _TYPE_DENOTATION}:
+            raise ArtifactError(f"{model}: {direction} {name!r} is not a tensor in the model")
+        tensor = _by_field(_message(kind, _TYPE_TENSOR))
+        elem_type = tensor.get(_TENSOR_ELEM_TYPE, [0])[-1]
+        dtype = _ONNX_DTYPES.get(elem_type, f"ONNX element type {elem_type}") if _is_int(elem_type) else "?"
+        shape = None
+        if _TENSOR_SHAPE in tensor:
+            shape = []
+            for dim in _repeated(_by_field(_message(tensor, _TENSOR_SHAPE)), _SHAPE_DIM):
+                size = None
+                for field, value in _fields(dim):  # a oneof: the last of dim_value and dim_param counts
+                    if field == _DIM_VALUE and _is_int(value):
+                        size = value - 2**64 if value >= 2**63 else value
+                    elif field == _DIM_PARAM and isinstance(value, memoryview):
+                        size = bytes(value).decode("utf-8", "replace")
+                shape.append(size)
+        values[name] = (dtype, shape)
+    return values
 
-    return describe(session.get_inputs()), describe(session.get_outputs())
 
-
-def check_model_io(artifact: Artifact, graph: str, session: ort.InferenceSession) -> None:
-    """Refuses a model whose inputs or outputs differ from the signature's in names, dtypes or ranks."""
-    path = artifact.models[graph]
-    model_io = _model_io(session)
-    for direction, actual in zip(("inputs", "outputs"), model_io):
-        expected = {e["name"]: e for e in artifact.entries(graph, direction)}
+def check_model_io(model: pathlib.Path, section: Mapping[str, Any], io: _Model) -> None:
+    """Refuses a model whose inputs or outputs differ from its section of the signature: in names, dtypes, ranks,
+    or a static size (the model's static size where the signature names a dimension counts: the reader would
+    feed it other sizes)."""
+    for direction, actual in (("inputs", io.inputs), ("outputs", io.outputs)):
+        expected = {e["name"]: e for e in section[direction]}
         for name in expected.keys() - actual.keys():
             raise ArtifactError(
-                f"{path}: the signature lists {direction[:-1]} {name!r} ({expected[name]['role']}), which the model "
+                f"{model}: the signature lists {direction[:-1]} {name!r} ({expected[name]['role']}), which the model "
                 f"does not have; the model's {direction}: {sorted(actual)}"
             )
         for name in actual.keys() - expected.keys():
-            raise ArtifactError(f"{path}: the model has {direction[:-1]} {name!r}, which the signature does not list")
+            raise ArtifactError(f"{model}: the model has {direction[:-1]} {name!r}, which the signature does not list")
         for name, entry in expected.items():
             dtype, shape = actual[name]
             if dtype != entry["dtype"]:
-                raise ArtifactError(f"{path}: {direction[:-1]} {name!r} is {dtype} in the model but {entry['dtype']} "
+                raise ArtifactError(f"{model}: {direction[:-1]} {name!r} is {dtype} in the model but {entry['dtype']} "
                                     "in the signature")
-            if shape is not None and len(shape) != len(entry["shape"]):
-                raise ArtifactError(f"{path}: {direction[:-1]} {name!r} has rank {len(shape)} in the model but "
+            if shape is None:
+                raise ArtifactError(f"{model}: {direction[:-1]} {name!r} has no shape in the model; the signature "
+                                    f"says {entry['shape']}")
+            if len(shape) != len(entry["shape"]):
+                raise ArtifactError(f"{model}: {direction[:-1]} {name!r} has rank {len(shape)} in the model but "
                                     f"{len(entry['shape'])} in the signature ({entry['shape']})")
-            for got, want in zip(shape or (), entry["shape"]):
-                if isinstance(got, int) and isinstance(want, int) and got != want:
-                    raise ArtifactError(f"{path}: {direction[:-1]} {name!r} has shape {shape} in the model but "
+            for got, want in zip(shape, entry["shape"]):
+                if _is_int(got) and (got < 0 or not _is_int(want) or got != want):
+                    raise ArtifactError(f"{model}: {direction[:-1]} {name!r} has shape {shape} in the model but "
                                         f"{entry['shape']} in the signature")
 
 
-def check_embedded_signature(artifact: Artifact, graph: str, session: ort.InferenceSession) -> None:
+def check_embedded_signature(model: pathlib.Path, io: _Model, signature: Any, path: pathlib.Path) -> None:
     """Refuses a model whose embedded signature (metadata ``aot2onnx.signature``) differs from signature.json:
     models and signature from different exports. A model without one (a tool dropped it) passes."""
-    embedded = session.get_modelmeta().custom_metadata_map.get(SIGNATURE_KEY)
-    if embedded is None:
+    embedded = io.metadata.get(SIGNATURE_KEY, [])
+    if len(embedded) > 1:
+        raise ArtifactError(f"{model} carries {len(embedded)} signatures (metadata {SIGNATURE_KEY!r})")
+    if not embedded:
         return
     try:
-        same = json.loads(embedded) == artifact.signature
-    except json.JSONDecodeError:
+        same = parse_json(embedded[0].encode("utf-8"), f"{model}: the embedded signature") == signature
+    except ArtifactError:
         same = False
     if not same:
-        raise ArtifactError(f"{artifact.models[graph]} carries a different signature than "
-                            f"{artifact.root / SIGNATURE_FILE}: the files come from different exports")
+        raise ArtifactError(f"{model} carries a different signature than {path}: the files come from different "
+                            "exports")
 
 
-def read_state(artifact: Artifact) -> dict[str, np.ndarray]:
-    """The state tensors, each checked against the signature (present, dtype, shape)."""
+def _state_file(artifact: Artifact, *, load: bool) -> dict[str, np.ndarray]:
+    """Checks that the state file holds every tensor of ``state`` with its dtype and shape (reading the header
+    only); with ``load``, returns them."""
     path = _inside(artifact.root, STATE_FILE, f"{artifact.root}: the state file")
     tensors = {}
     try:
@@ -434,12 +803,18 @@ def read_state(artifact: Artifact) -> dict[str, np.ndarray]:
                 if dtype != entry["dtype"] or shape != entry["shape"]:
                     raise ArtifactError(f"{path}: tensor {name!r} is {dtype}{shape}, the signature says "
                                         f"{entry['dtype']}{entry['shape']}")
-                tensors[name] = f.get_tensor(name)
+                if load:
+                    tensors[name] = f.get_tensor(name)
     except ArtifactError:
         raise
     except Exception as e:  # safetensors raises its own error types for a corrupt header
         raise ArtifactError(f"{path} is not a readable safetensors file: {e}") from e
     return tensors
+
+
+def read_state(artifact: Artifact) -> dict[str, np.ndarray]:
+    """The state tensors, each checked against the signature (present, dtype, shape)."""
+    return _state_file(artifact, load=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -484,11 +859,6 @@ class Trainer:
             except Exception as e:  # onnxruntime raises several unrelated types for an unloadable model
                 raise ArtifactError(f"{path}: ONNX Runtime cannot load it: {e}") from e
             self._sessions[graph] = session
-        # Every model's inputs and outputs first: a disagreement there says more than a differing copy.
-        for graph, session in self._sessions.items():
-            check_model_io(artifact, graph, session)
-        for graph, session in self._sessions.items():
-            check_embedded_signature(artifact, graph, session)
         self.state: dict[str, np.ndarray] = read_state(artifact)
         self.steps = 0
         sig = artifact.signature
@@ -499,7 +869,12 @@ class Trainer:
     def _run(self, graph: str, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         entries = self.artifact.entries(graph, "outputs")
         names = [e["name"] for e in entries]
-        return dict(zip(names, self._sessions[graph].run(names, dict(feeds))))
+        try:
+            results = self._sessions[graph].run(names, dict(feeds))
+        except Exception as e:  # onnxruntime's error types (Fail, InvalidArgument, ...) share no public base
+            raise StepError(f"{self.artifact.models[graph]}: ONNX Runtime failed at step {self.steps + 1}: "
+                            f"{' '.join(str(e).split())}") from e
+        return dict(zip(names, results))
 
     def _check_inputs(self, inputs: Sequence[Any]) -> list[np.ndarray]:
         if len(inputs) != len(self._user_inputs):
@@ -560,7 +935,7 @@ class Trainer:
                 return grads[source]
             if role in ("lr", "weight_decay"):
                 return np.array(self.hyperparameter(role), dtype=np.float64)
-            raise AssertionError(role)  # _check_signature admits no other role
+            raise AssertionError(role)  # check_signature admits no other role
 
         forward = self._run("forward", {e["name"]: feed(e) for e in self.artifact.entries("forward", "inputs")})
         backward = self._run("backward", {e["name"]: feed(e, forward)
@@ -590,8 +965,15 @@ class Trainer:
 def read_batches(path: str | os.PathLike, user_inputs: Sequence[dict]) -> list[np.ndarray]:
     """The arrays of ``--data``: one per user input, named after it (or ``arr_<position>``), batches stacked on a
     leading axis."""
-    with np.load(path, allow_pickle=False) as data:
-        arrays = dict(data.items())
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = dict(data.items()) if not isinstance(data, np.ndarray) else None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise ValueError(f"{path} is not an .npz file numpy reads with allow_pickle=False: {e}") from e
+    except TypeError:  # np.load of a single .npy array returns the array, which is no context manager
+        arrays = None
+    if arrays is None:
+        raise ValueError(f"{path} holds one array; --data takes an .npz (np.savez) with one array per user input")
     ordered = []
     for spec in user_inputs:
         for key in (spec["name"], f"arr_{spec['position']}"):
@@ -601,9 +983,9 @@ def read_batches(path: str | os.PathLike, user_inputs: Sequence[dict]) -> list[n
         else:
             raise ValueError(f"{path} has no array {spec['name']!r} (or arr_{spec['position']}); it holds {sorted(arrays)}")
     counts = {a.shape[0] if a.ndim else None for a in ordered}
-    if len(counts) != 1 or None in counts:
-        raise ValueError(f"{path}: every array needs the same leading (batch index) axis, got shapes "
-                         f"{[list(a.shape) for a in ordered]}")
+    if len(counts) != 1 or None in counts or 0 in counts:
+        raise ValueError(f"{path}: every array needs the same leading (batch index) axis, of one batch or more, got "
+                         f"shapes {[list(a.shape) for a in ordered]}")
     return ordered
 
 
@@ -651,8 +1033,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not math.isfinite(loss):
                 print(f"the loss is {loss} at step {step + 1}", file=sys.stderr)
         trainer.save(args.out)
-    except (ArtifactError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ArtifactError, ValueError, OSError, StepError) as e:
+        # Bad input, said in one line. Any other exception is a bug of this reader and keeps its traceback.
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx
 import torch
 import torch.nn as nn
@@ -46,17 +47,15 @@ def load(out_dir: str | os.PathLike, **options: Any) -> LoadedModule:
 
     opts = Options.from_mapping(options)
     try:
+        # The one validator, shared with the torch-free trainer: everything is checked before any session.
         artifact = edge.open_artifact(out_dir)
         state = edge.read_state(artifact)
-        graphs = {graph: _ort_graph(artifact, graph, opts) for graph in ("forward", "backward")}
-        # Inputs and outputs first (OrtGraph binds by the signature's names), then the embedded signatures.
-        for graph, runner in graphs.items():
-            edge.check_model_io(artifact, graph, runner.session)
-        for graph, runner in graphs.items():
-            edge.check_embedded_signature(artifact, graph, runner.session)
     except edge.ArtifactError as e:
         raise ArtifactError(str(e)) from e
-    return LoadedModule(artifact, state, graphs["forward"], graphs["backward"])
+    module = LoadedModule(artifact, state)  # refuses names a module cannot hold, still before any session
+    module._aot2onnx = _Step(artifact.signature, _ort_graph(artifact, "forward", opts),
+                             _ort_graph(artifact, "backward", opts))
+    return module
 
 
 def _ort_graph(artifact: edge.Artifact, graph: str, options: Options) -> OrtGraph:
@@ -79,43 +78,56 @@ def _ort_graph(artifact: edge.Artifact, graph: str, options: Options) -> OrtGrap
     return runner
 
 
-def _set(root: nn.Module, name: str, make: Any) -> None:
+def _set(root: nn.Module, name: str, make: Any, where: str) -> None:
     """Creates ``name`` (dotted) under ``root``, with empty modules for the path, so names match the export."""
     *path, leaf = name.split(".")
     module = root
-    for part in path:
-        child = module._modules.get(part)
-        if child is None:
-            child = nn.Module()
-            module.add_module(part, child)
-        module = child
-    make(module, leaf)
+    try:
+        for part in path:
+            child = module._modules.get(part)
+            if child is None:
+                child = nn.Module()
+                module.add_module(part, child)
+            module = child
+        make(module, leaf)
+    except KeyError as e:  # an empty name, or one a parameter, buffer, submodule or nn.Module attribute has
+        raise ArtifactError(f"{where}: {name!r} cannot be a name in a module: {e.args[0]}") from e
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A copy of ``array`` as a tensor. torch.from_numpy does not know ml_dtypes' bfloat16, in which the state
+    file's bfloat16 tensors are read: their bits go through int16."""
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())
 
 
 class LoadedModule(nn.Module):
     """A training artifact as a module: parameters and buffers by their exported names; forward and backward
     on ONNX Runtime. Its forward always runs the exported training graph (``.eval()`` does not change it)."""
 
-    def __init__(self, artifact: edge.Artifact, state: dict, forward: OrtGraph, backward: OrtGraph) -> None:
+    def __init__(self, artifact: edge.Artifact, state: dict) -> None:
+        """Registers the state; ``load`` then sets ``_aot2onnx``, the graphs (a plain attribute, not a submodule)."""
+        from aot2onnx.artifact import edge  # imported late, as in load
+
         super().__init__()
-        sig = artifact.signature
+        where = artifact.root / edge.SIGNATURE_FILE
+        registered: dict[str, torch.Tensor] = {}
         for entry in artifact.state_entries("parameter"):
-            tensor = torch.from_numpy(state[entry["name"]].copy())
-            parameter = nn.Parameter(tensor, requires_grad=bool(entry.get("requires_grad", True)))
-            _set(self, entry["name"], lambda m, leaf, p=parameter: m.register_parameter(leaf, p))
+            tensor = nn.Parameter(_tensor(state[entry["name"]]), requires_grad=entry.get("requires_grad", True))
+            _set(self, entry["name"], lambda m, leaf, p=tensor: m.register_parameter(leaf, p), f"{where}: state")
+            registered[entry["name"]] = tensor
         for entry in artifact.state_entries("buffer"):
-            tensor = torch.from_numpy(state[entry["name"]].copy())
-            persistent = bool(entry.get("persistent", True))
-            _set(self, entry["name"], lambda m, leaf, t=tensor, p=persistent: m.register_buffer(leaf, t, persistent=p))
-        for entry in sig.get("tied", []):  # the same Parameter (or buffer) under its other names, as exported
-            shared = self.get_parameter(entry["state"]) if entry["state"] in dict(self.named_parameters()) \
-                else self.get_buffer(entry["state"])
+            tensor, persistent = _tensor(state[entry["name"]]), entry.get("persistent", True)
+            _set(self, entry["name"], lambda m, leaf, t=tensor, p=persistent: m.register_buffer(leaf, t, persistent=p),
+                 f"{where}: state")
+            registered[entry["name"]] = tensor
+        for entry in artifact.signature.get("tied", []):  # the same Parameter (or buffer) under its other names
+            shared = registered[entry["state"]]
             if isinstance(shared, nn.Parameter):
-                _set(self, entry["name"], lambda m, leaf, p=shared: m.register_parameter(leaf, p))
+                _set(self, entry["name"], lambda m, leaf, p=shared: m.register_parameter(leaf, p), f"{where}: tied")
             else:
-                _set(self, entry["name"], lambda m, leaf, t=shared: m.register_buffer(leaf, t))
-        # Plain attributes (not submodules): what the autograd.Function needs.
-        self._aot2onnx = _Step(sig, forward, backward)
+                _set(self, entry["name"], lambda m, leaf, t=shared: m.register_buffer(leaf, t), f"{where}: tied")
 
     @property
     def signature(self) -> dict:

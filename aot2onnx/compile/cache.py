@@ -7,7 +7,8 @@ tensors' bytes), the options that change the model (opset), the user's lowering 
 onnx_ir, onnxruntime and aot2onnx.
 
 Entries are written atomically: the file is written under a temporary name in the same directory and then
-renamed, so a process killed mid-write leaves at most a temporary file, never an entry. Each entry also
+renamed, so a process killed mid-write leaves at most a temporary file, never an entry; the first process to
+open the cache after that file is an hour old removes it. Each entry also
 stores a digest of its model bytes and its own key, and an entry that does not verify is ignored. Nothing
 in an entry is unpickled: the header is JSON, the model is ONNX protobuf.
 
@@ -42,11 +43,13 @@ import json
 import logging
 import os
 import pathlib
+import re
 import site
 import stat
 import sys
 import sysconfig
 import tempfile
+import time
 import types
 import warnings
 from collections.abc import Iterable
@@ -182,6 +185,37 @@ def _check_directory(directory: pathlib.Path) -> None:
 
 
 _REFUSED_DIRECTORIES: set[pathlib.Path] = set()
+_SWEPT_DIRECTORIES: set[pathlib.Path] = set()
+
+# A writer's temporary file lives for the seconds between its creation and the rename that publishes it (or its
+# removal on an error). One older than this was left by a writer that was killed (SIGKILL, power loss): nothing
+# else would ever remove it. A writer that is still alive past it fails its rename and logs a warning; nothing
+# that was published is touched.
+STALE_TEMPORARY_SECONDS = 3600
+# GraphCache._write's mkstemp prefix; torch's write_atomic (AOTAutograd's entries, under aot/): ".<pid>.<thread>.tmp"
+_TEMPORARY_NAME = re.compile(r"\.tmp-.*|\.\d+\.\d+\.tmp")
+
+
+def _remove_stale_temporaries(directory: pathlib.Path) -> None:
+    """Removes the temporary files that killed writers left under ``directory`` (once per process and directory,
+    when the cache opens). Only regular files named as the writers name theirs and older than
+    STALE_TEMPORARY_SECONDS; symbolic links are not followed."""
+    cutoff = time.time() - STALE_TEMPORARY_SECONDS
+    removed = 0
+    for root, _, names in os.walk(directory):
+        for name in names:
+            if not _TEMPORARY_NAME.fullmatch(name):
+                continue
+            path = os.path.join(root, name)
+            # Another process may remove or publish it meanwhile; a file of another user's (in a sticky
+            # directory) is not ours to remove.
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+                    os.unlink(path)
+                    removed += 1
+    if removed:
+        logger.info("aot2onnx: removed %d temporary files that writers killed mid-write left in %s", removed, directory)
 
 
 # --- Keys ---------------------------------------------------------------------------------------------------
@@ -581,7 +615,12 @@ class GraphCache:
             )
             return None
         secret = cache_secret()
-        return None if secret is None else cls(directory, secret)
+        if secret is None:
+            return None
+        if directory not in _SWEPT_DIRECTORIES:
+            _SWEPT_DIRECTORIES.add(directory)
+            _remove_stale_temporaries(directory)
+        return cls(directory, secret)
 
     def _path(self, key: str) -> pathlib.Path:
         return self.directory / key[:2] / f"{key}.onnxentry"

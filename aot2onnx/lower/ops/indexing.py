@@ -517,6 +517,26 @@ def _index_scatter(self, dim: int, index, source, reduction: str, api_name: str,
     return result
 
 
+def _index(self, indices):
+    # ONNX's GatherND takes int64 indices only, and torchlib's aten_index gathers with the index as given: an int32
+    # index (ATen takes long, int, byte and bool) made a model ONNX Runtime refused to load. byte and bool are
+    # masks, left to torchlib.
+    indices = [cast(i, ir.DataType.INT64) if i is not None and i.dtype == ir.DataType.INT32 else i for i in indices]
+    return torchlib_core.aten_index(self, indices)
+
+
+@project_rule(aten.index.Tensor)
+def aten_index(self, indices):
+    """index.Tensor(Tensor self, Tensor?[] indices) -> Tensor"""
+    return _index(self, indices)
+
+
+@project_rule(aten._unsafe_index.Tensor)
+def aten__unsafe_index(self, indices):
+    """_unsafe_index.Tensor(Tensor self, Tensor?[] indices) -> Tensor"""
+    return _index(self, indices)
+
+
 def _index_put(self, indices, values, accumulate: bool):
     # ONNX's ScatterND takes int64 indices only; ATen takes int32 too (unfold's backward makes them).
     indices = [i if i is None or i.dtype in (ir.DataType.INT64, ir.DataType.BOOL) else cast(i, ir.DataType.INT64)
