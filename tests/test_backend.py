@@ -17,6 +17,7 @@ import torch.nn as nn
 import aot2onnx
 from aot2onnx.errors import RuntimeSessionError, UnsupportedOpError
 from aot2onnx.options import Options
+from aot2onnx.runtime import fused
 from aot2onnx.runtime.session import providers_for
 
 
@@ -144,7 +145,12 @@ def test_dump_dir_and_logging(tmp_path, monkeypatch, caplog):
     for name in files:
         model = onnx.load(tmp_path / name)
         onnx.checker.check_model(model, full_check=True)
-        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        # A dumped CPU graph may hold nodes of aot2onnx's fused kernels: a session outside aot2onnx loads them
+        # from the library (README, "Fused training kernels").
+        so = ort.SessionOptions()
+        if fused.library() is not None and any(o.domain == "aot2onnx.fused" for o in model.opset_import):
+            so.register_custom_ops_library(fused.library())
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         # Provenance: each ONNX node names the FX node it came from.
         assert all(any(p.key == "pkg.torch.onnx.fx_node" for p in node.metadata_props) for node in model.graph.node)
     records = [r.getMessage() for r in caplog.records if r.name == "aot2onnx" and "FX nodes" in r.getMessage()]

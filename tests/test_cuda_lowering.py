@@ -116,7 +116,7 @@ def test_tf32_only_where_torch_allows_it_for_every_op_family(op_types, settings,
 
 
 def test_tf32_follows_torch_settings():
-    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("highest")
         assert cuda.precision_settings()[0] is False
@@ -124,12 +124,11 @@ def test_tf32_follows_torch_settings():
         torch.set_float32_matmul_precision("high")
         assert cuda.precision_settings()[0] is True
         assert cuda.tf32_allowed(frozenset({"MatMul"}))
-        torch.backends.cudnn.allow_tf32 = False
-        assert cuda.precision_settings() == (True, False)
-        assert not cuda.tf32_allowed(frozenset({"MatMul", "Conv"}))
+        with torch.backends.cudnn.flags(allow_tf32=False):  # the setter refuses once a test froze the flags
+            assert cuda.precision_settings() == (True, False)
+            assert not cuda.tf32_allowed(frozenset({"MatMul", "Conv"}))
     finally:
-        torch.set_float32_matmul_precision(before[0])
-        torch.backends.cudnn.allow_tf32 = before[1]
+        torch.set_float32_matmul_precision(before)
 
 
 def test_provider_options_carry_precision_stream_and_memory(monkeypatch):
