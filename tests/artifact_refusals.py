@@ -175,13 +175,21 @@ REFUSALS: dict[str, Refusal] = {
     "missing input": Refusal(_edit_signature(lambda s: s["forward"]["inputs"].remove(_entry(s, "forward", "inputs", "y"))),
                              r"forward.onnx: the model has input 'y', which the signature does not list"),
     "dtype": Refusal(_edit_signature(lambda s: _entry(s, "forward", "inputs", "model.0.weight").update(dtype="float64")),
-                     r"forward.onnx: input 'model.0.weight' is float32 in the model but float64 in the signature"),
+                     r"forward.onnx: input 'model.0.weight' is float32 in the model but float64 in the signature|"
+                     # the Python readers' validator finds the signature against the state first
+                     r"forward.inputs 'model.0.weight' \(parameter\) is float64\[64, 32\], but its source "
+                     r"'model.0.weight' is float32\[64, 32\]"),
     "rank": Refusal(_edit_signature(lambda s: _entry(s, "forward", "inputs", "x").update(shape=["batch", 32, 1])),
-                    r"forward.onnx: input 'x' has rank 2 in the model but 3 in the signature"),
+                    r"forward.onnx: input 'x' has rank 2 in the model but 3 in the signature|"
+                    r"forward.inputs 'x' \(user_input\) is float32\['batch', 32, 1\], but its source 0 is "
+                    r"float32\['batch', 32\]"),
     "static size": Refusal(_edit_signature(lambda s: _entry(s, "forward", "inputs", "x").update(shape=["batch", 31])),
-                           r"forward.onnx: input 'x' has shape \['batch', 32\] in the model but \['batch', 31\]"),
+                           r"forward.onnx: input 'x' has shape \['batch', 32\] in the model but \['batch', 31\]|"
+                           r"forward.inputs 'x' \(user_input\) is float32\['batch', 31\], but its source 0 is "
+                           r"float32\['batch', 32\]"),
     "output dtype": Refusal(_edit_signature(lambda s: _entry(s, "forward", "outputs", "loss").update(dtype="float16")),
-                            r"output 'loss' is float32 in the model but float16 in the signature"),
+                            r"output 'loss' is float32 in the model but float16 in the signature|"
+                            r"backward.inputs 'grad:loss' \(grad_of_loss\) is float32\[\], but the loss is float16\[\]"),
     "dangling source": Refusal(
         _edit_signature(lambda s: _entry(s, "forward", "inputs", "model.0.weight").update(source="model.9.weight")),
         r"has source 'model.9.weight', which names no parameter"),
