@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from ulps import assert_within_ulps
 
 from aot2onnx.compile.fallback import fallback_graphs, reset_fallback_graphs
 from aot2onnx.runtime.session import compiled_graphs, reset_compiled_graphs
@@ -208,13 +209,30 @@ def test_autocast_normalization_keeps_float32_statistics(norm):
     compiled_model = copy.deepcopy(eager)
     compiled = torch.compile(compiled_model, backend="aot2onnx")
     weights = torch.linspace(-1, 2, 3)
+    saved = {}  # eager's gradient at the first layer's output, which the norm's backward made
+
+    def keep_gradient(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        out.register_hook(lambda g: saved.setdefault("g", g))
+
+    eager[0].register_forward_hook(keep_gradient)
     for model in (eager, compiled):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(x)
         (out.float() * weights).sum().backward()
-    first_e, first_c = next(eager.parameters()), next(compiled_model.parameters())
-    scale = first_e.grad.abs().max().item()
-    assert (first_c.grad - first_e.grad).abs().max().item() <= 2**-10 * scale
+    # The first layer's weight gradient from eager's bfloat16 operands, in float64, rounded once to bfloat16:
+    # what aot2onnx computes from that gradient (float32 products and sums, one rounding), so a norm backward
+    # that differed from eager's (statistics saved in bfloat16: 0.5-0.8% of the scale) shows here. Eager's own
+    # kernel is not the reference: with bfloat16 instructions (AVX-512) it rounds once too, while on AVX2
+    # (oneDNN emulating bfloat16) it was up to 36 ULPs from this value (measured with ONEDNN_MAX_CPU_ISA=AVX2).
+    g, first = saved["g"].double(), eager[0].weight
+    inputs = x.to(torch.bfloat16).double()
+    if norm == "LayerNorm":
+        exact = g.reshape(-1, g.shape[-1]).T @ inputs.reshape(-1, inputs.shape[-1])
+    else:
+        exact = torch.nn.grad.conv2d_weight(inputs, first.shape, g)
+    # 1 ULP: a float32 sum in another order may tip a value next to a rounding boundary to its neighbour.
+    assert_within_ulps(next(compiled_model.parameters()).grad, exact.to(torch.bfloat16), torch.bfloat16, 1,
+                       "gradient of the layer before the norm")
     for (name, p_e), p_c in zip(eager.named_parameters(), compiled_model.parameters()):
         _assert_normwise_close(p_c.grad, p_e.grad, f"gradient of {name}")
     for (name, b_e), b_c in zip(eager.named_buffers(), compiled_model.buffers()):
