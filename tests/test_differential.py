@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch_behaviour
 
 DEFAULT_SEEDS = range(200)
 SLOW_SEEDS = range(10_000, 13_000)
@@ -44,25 +45,18 @@ BUGS = {
                                "rstd * w): a one-element group's output is the bias 1e-3 off; aot2onnx's is exact",
     "eager-gelu-overflow": "not aot2onnx's: on AVX-512 CPUs eager's gelu overflows above about 1.7e38 (gelu(3e38) "
                            "is inf, gelu(inf) NaN); on AVX2 CPUs eager gives 3e38 and inf, as aot2onnx does",
-    "eager-clamp-nan-scalar-bound": "not aot2onnx's: torch 2.11's clamp ignores a NaN number as a bound "
-                                    "(clamp(x, min=nan) is x, where a NaN tensor bound gives NaN); torch 2.12 on gives "
-                                    "NaN for both, as aot2onnx does",
+    "eager-clamp-nan-scalar-bound": "not aot2onnx's: torch 2.11's clamp with only a min or only a max ignores a "
+                                    "NaN number (clamp(x, min=nan) is x, where a NaN tensor bound, or NaN as one of "
+                                    "two bounds, gives NaN); torch 2.12 on gives NaN, as aot2onnx does",
 }
 
 
-# Bugs of eager's that only some CPUs or torch releases have, each with a probe of the eager kernel at hand:
-# where eager does not have it, its seeds and repro are ordinary tests, which must pass. (A probe, not the CPU's
-# name or torch's version: ATEN_CPU_CAPABILITY or another build moves the kernel, and the probe moves with it.)
-def _eager_gelu_overflows() -> bool:
-    # Three values, as in the repro: a single one takes ATen's scalar loop, which does not overflow.
-    return bool(torch.isinf(torch.nn.functional.gelu(torch.tensor([3e38, 1.0, 1.0])))[0])
-
-
-def _eager_clamp_ignores_nan_number() -> bool:
-    return not bool(torch.clamp(torch.tensor([1.0]), min=float("nan")).isnan().all())
-
-
-_SHOWS = {"eager-gelu-overflow": _eager_gelu_overflows, "eager-clamp-nan-scalar-bound": _eager_clamp_ignores_nan_number}
+# Bugs of eager's that only some CPUs or torch releases have, each with a probe of the eager kernel at hand
+# (tests/torch_behaviour.py): where eager does not have it, its seeds and repro are ordinary tests, which must pass.
+_SHOWS = {
+    "eager-gelu-overflow": torch_behaviour.gelu_overflows,
+    "eager-clamp-nan-scalar-bound": torch_behaviour.clamp_ignores_a_nan_number,
+}
 
 
 def _shows_here(bug: str) -> bool:

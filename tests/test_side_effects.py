@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._dynamo.utils import counters
+import torch_behaviour
 
 import aot2onnx
 from aot2onnx.compile.fallback import fallback_graphs, reset_fallback_graphs
@@ -512,30 +512,10 @@ class _Breaks(torch.nn.Module):
         return self.c(h / (1.0 + scale))
 
 
-def _dynamo_keeps_recompiling_for_new_floats() -> bool:
-    """Whether a frame after a graph break at ``.item()`` that does Python arithmetic with the float is compiled
-    again for each new value of it, with any AOTAutograd backend. torch 2.13 makes the float dynamic at its
-    second value and compiles no more; torch 2.11's AOTAutograd guards on each value."""
-    layer = torch.nn.Linear(2, 2)
-
-    def scaled(x: torch.Tensor) -> torch.Tensor:
-        h = torch.tanh(layer(x))
-        scale = h.abs().max().item()
-        return layer(h / (1.0 + scale))
-
-    torch._dynamo.reset()
-    before = counters["stats"]["unique_graphs"]
-    compiled = torch.compile(scaled, backend="aot_eager")
-    for value in (0.25, 0.5, 0.75, 1.0):
-        compiled(torch.full((3, 2), value)).sum().backward()
-    torch._dynamo.reset()
-    return counters["stats"]["unique_graphs"] - before > 3  # the graph before the break, the one after it twice
-
-
 def test_graph_breaks_train_like_eager():
     # Where Dynamo compiles the frame after .item() again at every step, the step that checks what torch ran
     # compiles too, and a compile runs ATen ops (tracing): that check then says nothing about the steps.
-    check = not _dynamo_keeps_recompiling_for_new_floats()
+    check = not torch_behaviour.aot_autograd_recompiles_for_new_floats()
     report = assert_parity(_Breaks, (torch.randn(5, 6),), loss_fn=lambda y: y.square().mean(), steps=5,
                            check_torch_ops=check)
     # Three subgraphs around the two breaks, each with a forward and a backward graph. The one after

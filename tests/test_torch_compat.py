@@ -151,3 +151,9 @@ def test_linalg_checks_are_kept_in_the_block_and_left_as_they_were_after():
     with compat.linalg_checks_kept():
         assert compat.get_effect(compat.LINALG_CHECK) == compat.EffectType.ORDERED
     assert compat.get_effect(compat.LINALG_CHECK) == before  # None on torch 2.11 and 2.12: inductor's as it was
+
+
+def test_optimization_hint_gives_a_data_dependent_size_a_value():
+    # aot2onnx's diagnosis of a refused graph runs its nodes on zeros of such sizes (compile/backend.py).
+    size = compat.ShapeEnv().create_unbacked_symint()
+    assert compat.optimization_hint(size) == compat.inductor_config.unbacked_symint_fallback

@@ -62,6 +62,7 @@ __all__ = [
     "graph_break_reasons",
     "graph_capture",
     "graph_compile",
+    "inductor_config",
     "innermost_backend",
     "int_oo",
     "jit_get_all_schemas",
@@ -98,8 +99,9 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "BypassAOTAutogradCache": ("torch._functorch._aot_autograd.autograd_cache", "BypassAOTAutogradCache"),
     "check_node_safe": ("torch._functorch._aot_autograd.autograd_cache", "check_node_safe"),
     "sanitize_gm_for_cache": ("torch._functorch._aot_autograd.autograd_cache", "sanitize_gm_for_cache"),
-    # Inductor: the base class AOTAutogradCache requires of a compiled graph
+    # Inductor: the base class AOTAutogradCache requires of a compiled graph; its configuration
     "OutputCode": ("torch._inductor.output_code", "OutputCode"),
+    "inductor_config": ("torch._inductor", "config"),
     # Dynamo
     "counters": ("torch._dynamo.utils", "counters"),
     "GmWrapper": ("torch._dynamo.utils", "GmWrapper"),
@@ -174,6 +176,7 @@ BypassAOTAutogradCache = _resolve("BypassAOTAutogradCache")
 check_node_safe = _resolve("check_node_safe")
 sanitize_gm_for_cache = _resolve("sanitize_gm_for_cache")
 OutputCode = _resolve("OutputCode")
+inductor_config = _resolve("inductor_config")
 counters = _resolve("counters")
 GmWrapper = _resolve("GmWrapper")
 TracingContext = _resolve("TracingContext")
@@ -227,9 +230,16 @@ AOTAUTOGRAD_CACHE_PREFIX: str = getattr(_find("torch._inductor", "codecache"), "
 # (capture/joint.py patches it): ``has_guarding_hint`` from torch 2.13, ``has_hint`` before.
 FAKE_CONV_HINT: str = "has_guarding_hint" if hasattr(symbolic_shapes, "has_guarding_hint") else "has_hint"
 
-# A size's value for choosing, without a guard: ``optimization_hint`` from torch 2.13, ``size_hint`` before
-# (the same for the backed sizes aot2onnx asks about).
-optimization_hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.size_hint
+
+
+def _size_hint(a: Any, fallback: int | None = None) -> int:
+    """torch 2.11's ``size_hint`` as torch 2.13's ``optimization_hint`` calls it: a data-dependent (unbacked)
+    size gets inductor's ``unbacked_symint_fallback`` where ``size_hint`` alone raises."""
+    return symbolic_shapes.size_hint(a, inductor_config.unbacked_symint_fallback if fallback is None else fallback)
+
+
+# A size's value for choosing, without a guard: ``optimization_hint`` from torch 2.12, ``size_hint`` before.
+optimization_hint = getattr(symbolic_shapes, "optimization_hint", None) or _size_hint
 
 
 
