@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch_behaviour
 
 import aot2onnx
 from aot2onnx.artifact import edge
@@ -227,8 +228,18 @@ ELEMENTWISE = {
 }
 
 
+# Cases where eager's kernel at hand is off (tests/torch_behaviour.py): strict xfails there, ordinary tests elsewhere.
+_EAGER_OFF = {
+    "clamp, NaN min": (torch_behaviour.clamp_ignores_a_nan_number,
+                       "torch 2.11's clamp(x, min=nan) is x; aot2onnx gives NaN, as torch 2.12 on"),
+}
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", list(ELEMENTWISE))
+@pytest.mark.parametrize("case", [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=_EAGER_OFF[c][1]))
+    if c in _EAGER_OFF and _EAGER_OFF[c][0]() else c for c in ELEMENTWISE
+])
 def test_nan_and_infinities(case, dtype):
     fn, x = ELEMENTWISE[case]
     _check(fn, x, dtype=dtype)

@@ -46,6 +46,7 @@ import onnx_ir as ir
 import onnxscript
 import pytest
 import torch
+import torch_behaviour
 from opinfo_expectations import ENTRIES, Entry, tolerance
 from torch.testing._internal import common_methods_invocations
 from torch.testing._internal.common_methods_invocations import op_db
@@ -519,8 +520,10 @@ def test_opinfo_all_samples(name: str, dtype: torch.dtype) -> None:
 
 def test_expectations_name_opinfos() -> None:
     stale = sorted(set(ENTRIES) - set(OPINFOS))
-    assert not stale, f"opinfo_expectations.py has entries for OpInfos that do not exist: {stale}"
-    for name, entry in ENTRIES.items():
+    if torch_behaviour.on_locked_torch():
+        assert not stale, f"opinfo_expectations.py has entries for OpInfos that do not exist: {stale}"
+    # Another torch's OpInfo database may lack OpInfos of the locked torch's (those of torch 2.14's new ops on 2.11).
+    for name, entry in ((n, e) for n, e in ENTRIES.items() if n not in stale):
         for x in entry.xfails:
             assert x.kind == "fwd" or _checks_grad(OPINFOS[name], torch.float32) or x.dtypes, (
                 f"{name}: a bwd xfail for an OpInfo without float32 gradients"
@@ -529,6 +532,9 @@ def test_expectations_name_opinfos() -> None:
 
 def test_opset_tables() -> None:
     """opset_tables/ is exactly what this session's default sweep generates (``python -m aot2onnx coverage``)."""
+    if not torch_behaviour.on_locked_torch():  # the tables count the OpInfos of one torch's database
+        pytest.skip(f"opset_tables/ are generated on requirements.lock's torch {torch_behaviour.LOCKED_TORCH}, "
+                    f"not {torch.__version__}")
     covered = {(r.opinfo, r.opset) for r in _RECORDS}
     wanted = {(name, opset) for name in OPINFOS for opset in TARGET_OPSETS}
     missing = wanted - covered

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import torch_behaviour
 
 import aot2onnx
 from aot2onnx.compile.fallback import fallback_graphs, reset_fallback_graphs
@@ -512,7 +513,11 @@ class _Breaks(torch.nn.Module):
 
 
 def test_graph_breaks_train_like_eager():
-    report = assert_parity(_Breaks, (torch.randn(5, 6),), loss_fn=lambda y: y.square().mean(), steps=5)
+    # Where Dynamo compiles the frame after .item() again at every step, the step that checks what torch ran
+    # compiles too, and a compile runs ATen ops (tracing): that check then says nothing about the steps.
+    check = not torch_behaviour.aot_autograd_recompiles_for_new_floats()
+    report = assert_parity(_Breaks, (torch.randn(5, 6),), loss_fn=lambda y: y.square().mean(), steps=5,
+                           check_torch_ops=check)
     # Three subgraphs around the two breaks, each with a forward and a backward graph. The one after
     # .item() is compiled again once Dynamo treats the float as dynamic; every graph ran on ONNX Runtime.
     kinds = [g.kind for g in report.graphs]

@@ -144,3 +144,16 @@ def test_dynamo_callbacks_have_the_shape_graph_breaks_reads():
         assert callable(getattr(compat.callback_handler, method))
     assert hasattr(compat.callback_handler, "end_callbacks")
     assert callable(compat.ConvertFrameAssert.__call__)
+
+
+def test_linalg_checks_are_kept_in_the_block_and_left_as_they_were_after():
+    before = compat.get_effect(compat.LINALG_CHECK)
+    with compat.linalg_checks_kept():
+        assert compat.get_effect(compat.LINALG_CHECK) == compat.EffectType.ORDERED
+    assert compat.get_effect(compat.LINALG_CHECK) == before  # None on torch 2.11 and 2.12: inductor's as it was
+
+
+def test_optimization_hint_gives_a_data_dependent_size_a_value():
+    # aot2onnx's diagnosis of a refused graph runs its nodes on zeros of such sizes (compile/backend.py).
+    size = compat.ShapeEnv().create_unbacked_symint()
+    assert compat.optimization_hint(size) == compat.inductor_config.unbacked_symint_fallback

@@ -13,8 +13,10 @@ are left out: they are how ``torch.library`` names ops, and have kept their plac
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -29,10 +31,12 @@ __all__ = [
     "CallbackTrigger",
     "ConvertFrameAssert",
     "DimDynamic",
+    "EffectType",
     "FAKE_CONV_HINT",
     "FakeTensorMode",
     "GRAPH_BREAK_NOTES",
     "GmWrapper",
+    "LINALG_CHECK",
     "OutputCode",
     "SYMBOLS",
     "SerializableAOTDispatchCompiler",
@@ -53,16 +57,20 @@ __all__ = [
     "default_partition",
     "fake_impls",
     "functorch_config",
+    "get_effect",
     "fx_config",
     "graph_break_reasons",
     "graph_capture",
     "graph_compile",
+    "inductor_config",
     "innermost_backend",
     "int_oo",
     "jit_get_all_schemas",
+    "linalg_checks_kept",
     "make_fx",
     "min_cut_rematerialization_partition",
     "optimization_hint",
+    "register_effectful_op",
     "sanitize_gm_for_cache",
     "symbolic_shapes",
     "tree_leaves",
@@ -91,8 +99,9 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "BypassAOTAutogradCache": ("torch._functorch._aot_autograd.autograd_cache", "BypassAOTAutogradCache"),
     "check_node_safe": ("torch._functorch._aot_autograd.autograd_cache", "check_node_safe"),
     "sanitize_gm_for_cache": ("torch._functorch._aot_autograd.autograd_cache", "sanitize_gm_for_cache"),
-    # Inductor: the base class AOTAutogradCache requires of a compiled graph
+    # Inductor: the base class AOTAutogradCache requires of a compiled graph; its configuration
     "OutputCode": ("torch._inductor.output_code", "OutputCode"),
+    "inductor_config": ("torch._inductor", "config"),
     # Dynamo
     "counters": ("torch._dynamo.utils", "counters"),
     "GmWrapper": ("torch._dynamo.utils", "GmWrapper"),
@@ -111,6 +120,9 @@ SYMBOLS: dict[str, tuple[str, str]] = {
     "compiling_state_context": ("torch._export.utils", "_compiling_state_context"),
     "decomposition_table": ("torch._decomp", "decomposition_table"),
     "tree_leaves": ("torch.utils._pytree", "tree_leaves"),
+    "EffectType": ("torch._higher_order_ops.effects", "_EffectType"),
+    "get_effect": ("torch._higher_order_ops.effects", "_get_effect"),
+    "register_effectful_op": ("torch._higher_order_ops.effects", "_register_effectful_op"),
     # torch._C
     "autocast_supported_devices": ("torch._C", "_autocast_supported_devices"),
     "jit_get_all_schemas": ("torch._C", "_jit_get_all_schemas"),
@@ -164,6 +176,7 @@ BypassAOTAutogradCache = _resolve("BypassAOTAutogradCache")
 check_node_safe = _resolve("check_node_safe")
 sanitize_gm_for_cache = _resolve("sanitize_gm_for_cache")
 OutputCode = _resolve("OutputCode")
+inductor_config = _resolve("inductor_config")
 counters = _resolve("counters")
 GmWrapper = _resolve("GmWrapper")
 TracingContext = _resolve("TracingContext")
@@ -180,6 +193,9 @@ int_oo = _resolve("int_oo")
 compiling_state_context = _resolve("compiling_state_context")
 decomposition_table = _resolve("decomposition_table")
 tree_leaves = _resolve("tree_leaves")
+EffectType = _resolve("EffectType")
+get_effect = _resolve("get_effect")
+register_effectful_op = _resolve("register_effectful_op")
 autocast_supported_devices = _resolve("autocast_supported_devices")
 jit_get_all_schemas = _resolve("jit_get_all_schemas")
 
@@ -214,7 +230,37 @@ AOTAUTOGRAD_CACHE_PREFIX: str = getattr(_find("torch._inductor", "codecache"), "
 # (capture/joint.py patches it): ``has_guarding_hint`` from torch 2.13, ``has_hint`` before.
 FAKE_CONV_HINT: str = "has_guarding_hint" if hasattr(symbolic_shapes, "has_guarding_hint") else "has_hint"
 
-# A size's value for choosing, without a guard: ``optimization_hint`` from torch 2.13, ``size_hint`` before
-# (the same for the backed sizes aot2onnx asks about).
-optimization_hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.size_hint
 
+
+def _size_hint(a: Any, fallback: int | None = None) -> int:
+    """torch 2.11's ``size_hint`` as torch 2.13's ``optimization_hint`` calls it: a data-dependent (unbacked)
+    size gets inductor's ``unbacked_symint_fallback`` where ``size_hint`` alone raises."""
+    return symbolic_shapes.size_hint(a, inductor_config.unbacked_symint_fallback if fallback is None else fallback)
+
+
+# A size's value for choosing, without a guard: ``optimization_hint`` from torch 2.12, ``size_hint`` before.
+optimization_hint = getattr(symbolic_shapes, "optimization_hint", None) or _size_hint
+
+
+
+# ATen's check behind torch.linalg.inv, cholesky, solve, lu_factor... (raise on a singular input).
+LINALG_CHECK = "aten::_linalg_check_errors"
+
+
+@contextlib.contextmanager
+def linalg_checks_kept() -> Iterator[None]:
+    """A block in which AOTAutograd keeps linalg's error checks in the graphs it traces.
+
+    torch 2.13 registers ``_linalg_check_errors`` as an ordered effect, so AOTAutograd keeps it (as
+    ``with_effects``) though it returns nothing. torch 2.11 and 2.12 do not, and their AOTAutograd drops it:
+    a compiled ``torch.linalg.inv`` of a singular matrix returned inf where eager raised, with every backend
+    (aot_eager and inductor too). There it is registered for the block only, leaving other backends as they are.
+    """
+    if get_effect(LINALG_CHECK) is not None:
+        yield
+        return
+    handle = register_effectful_op(LINALG_CHECK, EffectType.ORDERED)
+    try:
+        yield
+    finally:
+        handle.destroy()

@@ -39,6 +39,7 @@ from aot2onnx.capture._torch_compat import (
     default_partition,
     functorch_config,
     graph_compile,
+    linalg_checks_kept,
     min_cut_rematerialization_partition,
     sanitize_gm_for_cache,
 )
@@ -225,6 +226,7 @@ def capture(
     # cleared the list at a first backward that keeps the graph.
     with (
         math_attention(),
+        linalg_checks_kept(),
         functorch_config.patch(cse=False, recompute_views=True, unlift_effect_tokens=True),
         mock.patch.object(graph_compile, "collect_bw_donated_buffer_idxs", _no_donated_buffers),
         _aot_autograd_cache(cache_dir, load_graph, authenticator) if cached else contextlib.nullcontext(),

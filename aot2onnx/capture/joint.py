@@ -32,6 +32,7 @@ from aot2onnx.capture._torch_compat import (
     fake_impls,
     fx_config,
     int_oo,
+    linalg_checks_kept,
     symbolic_shapes,
 )
 from aot2onnx.capture.aot import math_attention, partition_function
@@ -140,6 +141,7 @@ def trace_joint(
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(math_attention())
+        stack.enter_context(linalg_checks_kept())
         stack.enter_context(_convolutions_without_layout_guards())
         # Sizes 0 and 1 are not specialised away: a batch of 1 stays possible, and where the trace does
         # depend on it, the guard says so (see _admits_one).
