@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from aot2onnx.tools import parity as _parity
 from aot2onnx.tools.parity import (  # noqa: F401  (the public names, listed once: in aot2onnx.tools.parity)
+    NOISE_FACTOR,
     SLACK_ULPS,
     ErrorStats,
     GraphParity,

@@ -209,8 +209,9 @@ def compare(
             with fixed random cotangents.
         options: aot2onnx options (``aot2onnx.Options`` or a mapping, as ``torch.compile(options=...)``
             takes); the cache is off whatever they say, since graphs must be compiled to be seen.
-        rtol, atol: ``|compiled - eager| <= atol + rtol * |eager|``, for every tensor and every node (a node's
-            own error also gets the slack ``aot2onnx.tools.parity.errors.SLACK_ULPS`` describes).
+        rtol, atol: ``|compiled - eager| <= atol + rtol * |eager|``, for every tensor; a node's own error is
+            within ``rtol * |eager| + slack`` (no atol: a node's values may be far below the outputs'; the slack
+            is the rounding ``aot2onnx.tools.parity.errors.SLACK_ULPS`` and ``NOISE_FACTOR`` describe).
         seed: ``torch.manual_seed`` before each side's step.
         progress: Called with a line of text per stage.
 

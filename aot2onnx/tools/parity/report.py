@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from aot2onnx.tools.parity.errors import SLACK_ULPS, ErrorStats
+from aot2onnx.tools.parity.errors import NOISE_FACTOR, SLACK_ULPS, ErrorStats
 from aot2onnx.tools.parity.nodes import GraphParity, NodeParity
 from aot2onnx.tools.parity.plot import error_plot
 
@@ -88,10 +88,11 @@ class ParityReport:
 
     def summary_line(self) -> str:
         beyond = [t for t in self.tensors if not t.ok]
-        compared = sum(len(g.nodes) for g in self.graphs)
+        compared = sum(n.compared for g in self.graphs for n in g.nodes)
+        not_compared = sum(not n.compared for g in self.graphs for n in g.nodes)
         head = (f"parity {'ok' if self.ok else 'NOT ok'}: {len(self.tensors) - len(beyond)} of {len(self.tensors)} "
                 f"tensors within rtol={self.rtol:g}, atol={self.atol:g}; {compared} nodes in {len(self.graphs)} "
-                "compiled graph(s) compared")
+                "compiled graph(s) compared" + (f" ({not_compared} not compared: see their notes)" if not_compared else ""))
         firsts = [(k, n) for k in ("forward", "backward") if (n := self.first_divergence(k)) is not None]
         if firsts:
             head += "; first divergent node: " + "; ".join(f"{k} {n.target} ({n.fx_name}) at {n.source}" for k, n in firsts)
@@ -124,7 +125,7 @@ class ParityReport:
     def to_dict(self) -> dict[str, Any]:
         first = {k: (n.to_dict() if (n := self.first_divergence(k)) else None) for k in ("forward", "backward")}
         return {
-            "ok": self.ok, "rtol": self.rtol, "atol": self.atol, "slack_ulps": SLACK_ULPS, "seconds": self.seconds,
+            "ok": self.ok, "rtol": self.rtol, "atol": self.atol, "slack_ulps": SLACK_ULPS, "noise_factor": NOISE_FACTOR, "seconds": self.seconds,
             "summary": self.summary_line(), "tensors": [t.to_dict() for t in self.tensors],
             "first_divergence": first, "graphs": [g.to_dict() for g in self.graphs], "notes": self.notes,
         }
@@ -163,10 +164,14 @@ class ParityReport:
         return directory / "report.md"
 
     def _tolerance_text(self) -> str:
-        return (f"An element is beyond tolerance where |compiled - eager| > atol + rtol * |eager| (rtol={self.rtol:g}, "
-                f"atol={self.atol:g}), or where NaN or an infinity is on one side only. A node's own error (PyTorch's "
-                f"kernel and ONNX Runtime on the same input values) is also allowed {SLACK_ULPS} float32 ulps of the "
-                "largest magnitude among its inputs and outputs, the rounding two correct kernels may differ by.")
+        return (f"A tensor element is beyond tolerance where |compiled - eager| > atol + rtol * |eager| "
+                f"(rtol={self.rtol:g}, atol={self.atol:g}), or where NaN or an infinity is on one side only. A node's "
+                f"own error (PyTorch's kernel and ONNX Runtime on the same input values) is beyond where it exceeds "
+                f"rtol * |PyTorch| + slack, without atol (a node's values may be far smaller than the outputs'): the "
+                f"slack is {SLACK_ULPS} float32 ulps of the node's largest output magnitude or, where an element is "
+                f"small beside what it was computed from, {NOISE_FACTOR} times the rounding the node makes on these "
+                "inputs (PyTorch's own error against float64, or the move of its result when its inputs move by one "
+                "ulp).")
 
     def _tensor_rows(self) -> list[list[str]]:
         return [[t.what, t.name, str(t.shape), t.dtype, _g(t.stats.max_abs), _g(t.stats.max_rel),
