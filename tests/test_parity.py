@@ -7,6 +7,7 @@ of conftest.py) that are subtly wrong: 1e-3 relative, for one op, one dtype or o
 
 from __future__ import annotations
 
+import html as html_lib
 import inspect
 import json
 import subprocess
@@ -101,6 +102,28 @@ def test_a_wrong_forward_rule_is_named_at_its_source_line_and_not_blamed_downstr
     out = subprocess.run([sys.executable, str(repro / "repro.py")], capture_output=True, text=True, check=True).stdout
     assert out.startswith("gelu: shape [6, 16], max |onnxruntime - torch| = ")
     assert 5e-4 < float(out.split("max relative ")[1].split(",")[0]) < 2e-3
+
+
+def test_the_pages_lead_with_the_verdict_and_the_first_divergent_node_and_rows_show_their_tolerance(tmp_path):
+    torch.manual_seed(0)
+    aot2onnx.register_lowering(aten.gelu.default)(_gelu_off)
+    report = aot2onnx.parity.compare(_GeluMLP(), (_x(6, 8),))
+    report.save(tmp_path)
+    md = (tmp_path / "report.md").read_text().splitlines()
+    assert md[2].startswith("**Parity NOT ok: ") and "1 divergent node(s)" in md[2]
+    assert md[4].startswith("- **first divergent node of the forward graphs: aten.gelu.default (FX node gelu of graph ")
+    assert "own error " in md[4] and " > " in md[4]
+    assert md[5].startswith("  at `") and _line(_GeluMLP.forward, "the gelu line") in md[5]
+    rows = [line for line in md if line.startswith("| output ") or line.startswith("| grad ")]
+    assert rows and all((" <= " in r) == r.endswith("| ok |") and (" > " in r) != r.endswith("| ok |") for r in rows)
+    # A small element's relative error past 1 (atol covers it) used to show as "max rel 6.5" on an ok row.
+    ok_rows = [t for t in report.tensors if t.ok]
+    assert any(t.stats.max_rel > 1e-4 for t in ok_rows)
+    page = (tmp_path / "report.html").read_text()
+    assert "max rel" not in page and "max rel" not in "\n".join(md)
+    body = page[page.index("</h1>"):]
+    assert body.index("id='verdict' class='verdict bad'") < body.index("aten.gelu.default") < body.index("<table>")
+    assert html_lib.escape(_line(_GeluMLP.forward, "the gelu line")) in body[:body.index("<table>")]
 
 
 def test_a_wrong_backward_only_rule_is_named_in_the_backward_graph():

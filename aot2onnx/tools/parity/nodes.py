@@ -88,13 +88,16 @@ class NodeParity:
             lines.append(f"  error against eager: {_stats_line(self.error)}")
         if self.eager_inputs:
             lines.append(f"  (inputs taken from eager, their compiled values unknown: {', '.join(self.eager_inputs)})")
+        if self.note:
+            lines.append(f"  {self.note}")
         return "\n".join(lines)
 
 
 def _stats_line(s: ErrorStats) -> str:
     if s.mismatch:
         return s.mismatch
-    text = f"max |diff| {s.max_abs:.3g}, max rel {s.max_rel:.3g}, {100 * s.beyond:.3g}% beyond tolerance"
+    text = (f"worst element |diff| {s.against_tolerance()} (its tolerance), max |diff| {s.max_abs:.3g}, "
+            f"{100 * s.beyond:.3g}% of elements beyond tolerance")
     if s.nan_mismatch or s.inf_mismatch:
         text += f", NaN mismatches {s.nan_mismatch}, inf mismatches {s.inf_mismatch}"
     return text

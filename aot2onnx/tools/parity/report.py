@@ -107,8 +107,8 @@ class ParityReport:
         if beyond:
             lines.append("tensors beyond tolerance:")
             lines += [f"  {t.what} {t.name} {t.dtype}{t.shape}: " + (t.stats.mismatch or
-                      f"max |diff| {_g(t.stats.max_abs)}, max rel {_g(t.stats.max_rel)}, "
-                      f"{100 * t.stats.beyond:.3g}% beyond") for t in beyond]
+                      f"worst element |diff| {t.stats.against_tolerance()} (its tolerance), "
+                      f"{100 * t.stats.beyond:.3g}% of elements beyond") for t in beyond]
         for kind in ("forward", "backward"):
             node = self.first_divergence(kind)
             if node is not None:
@@ -174,29 +174,66 @@ class ParityReport:
                 "ulp).")
 
     def _tensor_rows(self) -> list[list[str]]:
-        return [[t.what, t.name, str(t.shape), t.dtype, _g(t.stats.max_abs), _g(t.stats.max_rel),
-                 f"{100 * t.stats.beyond:.3g}%", f"{t.stats.nan_mismatch}/{t.stats.inf_mismatch}",
+        return [[t.what, t.name, str(t.shape), t.dtype, t.stats.against_tolerance(), f"{100 * t.stats.beyond:.3g}%",
+                 _g(t.stats.max_abs) if not t.stats.mismatch else "",
                  "ok" if t.ok else ("**" + (t.stats.mismatch or "beyond") + "**")] for t in self.tensors]
 
     @staticmethod
     def _node_row(n: NodeParity) -> list[str]:
-        own = n.note or (n.own.mismatch if n.own and n.own.mismatch else _g(n.own.ratio) if n.own else "")
-        return [str(n.index), n.fx_name, n.target, str(n.shape), own,
-                _g(n.own.max_abs) if n.own and not n.own.mismatch else "",
-                _g(n.error.max_abs) if n.error and not n.error.mismatch else "",
-                "**divergent**" if n.divergent else "", n.source]
+        if n.divergent:
+            verdict = "**divergent**"
+        elif not n.compared:
+            verdict = n.note
+        else:
+            verdict = "ok" + (f" ({n.note})" if n.note else "")
+        return [str(n.index), n.fx_name, n.target, str(n.shape),
+                n.own.against_tolerance() if n.own else "", f"{100 * n.own.beyond:.3g}%" if n.own else "",
+                _g(n.error.max_abs) if n.error and not n.error.mismatch else "", verdict, n.source]
 
-    _NODE_HEADER = ["#", "FX node", "op", "shape", "own error / tol", "own max abs", "max abs vs eager", "", "source"]
-    _TENSOR_HEADER = ["what", "name", "shape", "dtype", "max abs", "max rel", "beyond", "NaN/inf mismatches", ""]
+    _NODE_HEADER = ["#", "FX node", "op", "shape", "own error: worst |diff| vs its tolerance", "own beyond",
+                    "max |diff| vs eager", "", "source"]
+    _TENSOR_HEADER = ["what", "name", "shape", "dtype", "worst |diff| vs its tolerance", "beyond", "max |diff|", ""]
+
+    def verdict(self) -> str:
+        """One sentence: ok or not, and how many tensors and nodes are beyond tolerance."""
+        beyond = [t for t in self.tensors if not t.ok]
+        divergent = self.divergences
+        if self.ok:
+            return (f"Parity ok: all {len(self.tensors)} outputs, gradients and buffers within tolerance, "
+                    f"no divergent node among {sum(n.compared for g in self.graphs for n in g.nodes)} compared.")
+        parts = []
+        if beyond:
+            parts.append(f"{len(beyond)} of {len(self.tensors)} outputs, gradients and buffers beyond tolerance")
+        if divergent:
+            parts.append(f"{len(divergent)} divergent node(s)")
+        else:
+            parts.append("no node beyond tolerance on its own")
+        return "Parity NOT ok: " + ", ".join(parts) + "."
+
+    def _leads(self) -> list[tuple[str, NodeParity]]:
+        return [(k, n) for k in ("forward", "backward") if (n := self.first_divergence(k)) is not None]
+
+    @staticmethod
+    def _lead_line(kind: str, node: NodeParity) -> str:
+        own = node.own.against_tolerance() if node.own else node.note
+        share = f", {100 * node.own.beyond:.3g}% of its elements beyond" if node.own and not node.own.mismatch else ""
+        return (f"first divergent node of the {kind} graphs: {node.target} (FX node {node.fx_name} of graph "
+                f"{node.graph}), own error {own}{share}")
 
     def _markdown(self, plots: dict[str, pathlib.Path], repros: dict[str, pathlib.Path]) -> str:
         def table(header: list[str], rows: list[list[str]]) -> list[str]:
-            clean = [[c.replace("|", "\\|").replace("\n", " ") for c in r] for r in rows]
-            return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in clean)]
+            clean = [[c.replace("|", "\\|").replace("\n", " ") for c in r] for r in [header, *rows]]
+            header, rows = clean[0], clean[1:]
+            return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
-        out = ["# Parity report: eager PyTorch against aot2onnx on ONNX Runtime", "",
-               f"**{self.summary_line()}**", "", self._tolerance_text(), "",
-               "## Outputs, gradients, buffers", ""]
+        out = ["# Parity report: eager PyTorch against aot2onnx on ONNX Runtime", "", f"**{self.verdict()}**", ""]
+        for kind, node in self._leads():
+            out += [f"- **{self._lead_line(kind, node)}**", f"  at `{node.source}`"]
+        if self._leads():
+            out.append("")
+        elif not self.ok:
+            out += [self.summary().splitlines()[-1], ""]
+        out += [self.summary_line(), "", self._tolerance_text(), "", "## Outputs, gradients, buffers", ""]
         out += table(self._TENSOR_HEADER, self._tensor_rows()) if self.tensors else ["(none compared)"]
         out += ["", "## First divergent nodes", ""]
         for kind in ("forward", "backward"):
@@ -216,10 +253,10 @@ class ParityReport:
             if graph.name in plots:
                 out += [f"![error along {graph.name}]({plots[graph.name].name})", ""]
             shown = sorted((n for n in graph.nodes if n.own is not None or n.note),
-                           key=lambda n: (not n.divergent, -(n.own.ratio if n.own else 0)))[:_TABLE_ROWS]
+                           key=lambda n: (not n.divergent, n.compared, -(n.own.ratio if n.own else 0)))[:_TABLE_ROWS]
             if shown:
-                out += [f"The {len(shown)} nodes with the largest own error (all {len(graph.nodes)} in report.html "
-                        "and report.json):", ""]
+                out += [f"The {len(shown)} nodes with the largest own error, and those not compared (all "
+                        f"{len(graph.nodes)} in report.html and report.json):", ""]
                 out += table(self._NODE_HEADER, [self._node_row(n) for n in sorted(shown, key=lambda n: n.index)])
                 out.append("")
         if self.notes:
@@ -228,9 +265,11 @@ class ParityReport:
 
     @staticmethod
     def _graph_line(graph: GraphParity) -> str:
-        text = (f"{len(graph.nodes)} of {graph.fx_node_count} lowered FX nodes compared ({graph.unobserved} have no "
-                f"value of their own in the ONNX model: folded or renamed by its cleanup); {graph.onnx_node_count} "
-                "ONNX nodes.")
+        compared = sum(n.compared for n in graph.nodes)
+        text = (f"{compared} of {graph.fx_node_count} lowered FX nodes compared ({graph.unobserved} have no "
+                f"value of their own in the ONNX model: folded or renamed by its cleanup"
+                + (f"; {len(graph.nodes) - compared} not compared, each saying why" if compared < len(graph.nodes)
+                   else "") + f"); {graph.onnx_node_count} ONNX nodes.")
         if graph.name != graph.whole:
             text += f" A partition of {graph.whole}, split by the fallback"
             text += f"; {len(graph.in_torch)} node(s) of it run in PyTorch." if graph.in_torch else "."
@@ -254,9 +293,19 @@ class ParityReport:
             "body{font-family:sans-serif;margin:2em;max-width:1200px} table{border-collapse:collapse;font-size:12px}",
             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left} tr.bad{background:#fdd}",
             ".ok{color:#070} .bad{color:#b00} pre{background:#f6f6f6;padding:8px;overflow-x:auto}",
+            ".verdict{font-size:1.3em;padding:10px;border:2px solid} .verdict.ok{border-color:#070;background:#efe}",
+            ".verdict.bad{border-color:#b00;background:#fee} .lead{font-size:1.05em;margin:0.6em 0}",
             "</style></head><body>",
             "<h1>Parity report: eager PyTorch against aot2onnx on ONNX Runtime</h1>",
-            f"<p class='{status}'><b>{html.escape(self.summary_line())}</b></p>",
+            f"<p id='verdict' class='verdict {status}'><b>{html.escape(self.verdict())}</b></p>",
+        ]
+        for kind, node in self._leads():
+            parts.append(f"<p class='lead bad'><b>{html.escape(self._lead_line(kind, node))}</b><br>"
+                         f"at <code>{html.escape(node.source)}</code></p>")
+        if not self._leads() and not self.ok:
+            parts.append(f"<p class='lead'>{html.escape(self.summary().splitlines()[-1])}</p>")
+        parts += [
+            f"<p>{html.escape(self.summary_line())}</p>",
             f"<p>{html.escape(self._tolerance_text())}</p>",
             "<h2>Outputs, gradients, buffers</h2>",
             table(self._TENSOR_HEADER, self._tensor_rows(), [not t.ok for t in self.tensors]),
