@@ -63,6 +63,7 @@ class NodeParity:
     fx_text: str = ""  # node.format_node()
     eager_inputs: list[str] = dataclasses.field(default_factory=list)  # inputs whose compiled value is unknown
     onnx_values: list[str | None] = dataclasses.field(default_factory=list)  # per output, None where not held
+    output_dtypes: list[str | None] = dataclasses.field(default_factory=list)  # per output, where held
 
     @property
     def compared(self) -> bool:
@@ -584,6 +585,7 @@ def analyse(
             run.name, kind, index, node.name, target_name(node.target), lowered[run.name][node.name],
             _source(node, run), list(example.shape), str(example.dtype).removeprefix("torch."), None, None, 0.0, False,
             fx_text=node.format_node(), onnx_values=_locate(node, run),
+            output_dtypes=[None if v is None else str(v.dtype).removeprefix("torch.") for v in _as_tuple(got)],
         )
         graph.nodes.append(entry)
         if _is_random(node):
