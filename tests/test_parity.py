@@ -450,6 +450,45 @@ def test_a_node_whose_reference_cannot_be_computed_is_not_compared_and_says_why(
     assert report.ok and "(1 not compared: see their notes)" in report.summary_line()
 
 
+def _mul_off_for_momentum(self, other):
+    """aten::mul.Tensor(Tensor self, Tensor other) -> Tensor, 1e-3 too large where other is the number 0.9: SGD's
+    momentum, which multiplies the momentum buffer from the second step on (the first step creates it)."""
+    if isinstance(other, float):
+        product = op.Mul(self, op.CastLike(other, self))
+        return op.Mul(product, op.CastLike(1.001, self)) if other == 0.9 else product
+    return op.Mul(self, other)
+
+
+def _sgd_momentum(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def test_several_steps_say_at_which_step_and_in_which_graph_the_two_first_part(tmp_path):
+    torch.manual_seed(0)
+    y = torch.randint(0, 4, (6,), generator=torch.Generator().manual_seed(2))
+    args = dict(loss_fn=F.cross_entropy, targets=y, steps=3, optimizer=_sgd_momentum, compile_optimizer=True)
+    clean = aot2onnx.parity.compare(_GeluMLP(), (_x(6, 8),), **args)
+    assert clean.ok and clean.first_parting() is None, clean.summary()
+    assert {(g.step, g.kind) for g in clean.graphs} == {(s, k) for s in (1, 2, 3) for k in ("forward", "backward", "optimizer")}
+    assert {t.what for t in clean.tensors if t.step == 3} >= {"loss", "grad", "parameter", "optimizer state"}
+
+    aot2onnx.register_lowering(aten.mul.Tensor)(_mul_off_for_momentum)
+    report = aot2onnx.parity.compare(_GeluMLP(), (_x(6, 8),), **args)
+    parting = report.first_parting()
+    assert parting is not None and parting.step == 2, report.summary()
+    assert parting.graph.kind == "optimizer" and parting.node.target == "aten.mul.Tensor"
+    assert report.first_divergence("optimizer") is parting.node
+    assert report.first_divergence("forward") is None and report.first_divergence("backward") is None
+    assert all(t.ok for t in report.tensors if t.step == 1)  # the first step creates the buffers: no mul
+    assert "optimizer state" in {t.what for t in parting.tensors}  # the momentum buffers
+    assert "the two first part at step 2, in the optimizer graph" in report.summary_line()
+    report.save(tmp_path)
+    md = (tmp_path / "report.md").read_text().splitlines()
+    assert md[4].startswith("**The two first part at step 2, in the optimizer graph ")
+    assert (tmp_path / "repro_optimizer" / "repro.py").exists()
+    assert json.loads((tmp_path / "report.json").read_text())["first_parting"]["step"] == 2
+
+
 def _zoo(name):
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
     import zoo

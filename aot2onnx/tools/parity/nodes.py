@@ -118,6 +118,7 @@ class GraphParity:
     unobserved: int  # lowered nodes without a value of their own in the model (folded, renamed by cleanup)
     in_torch: list[str] = dataclasses.field(default_factory=list)  # nodes of the whole graph run in PyTorch
     note: str = ""
+    step: int = 1  # the training step of compare(..., steps=N) whose call of the graph this is
     reproducer: Reproducer | None = dataclasses.field(default=None, repr=False)  # of the first divergent node
 
     @property
@@ -127,7 +128,8 @@ class GraphParity:
     def to_dict(self) -> dict[str, Any]:
         first = self.first_divergence
         return {
-            "name": self.name, "kind": self.kind, "whole": self.whole, "onnx_node_count": self.onnx_node_count,
+            "name": self.name, "kind": self.kind, "step": self.step, "whole": self.whole,
+            "onnx_node_count": self.onnx_node_count,
             "fx_node_count": self.fx_node_count, "compared": len(self.nodes), "unobserved": self.unobserved,
             "in_torch": self.in_torch, "note": self.note,
             "first_divergence": first.fx_name if first else None,
