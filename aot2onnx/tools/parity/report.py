@@ -252,11 +252,12 @@ class ParityReport:
         divergent = self.divergences
         if self.ok:
             return (f"Parity ok{f' over {self.steps} training steps' if self.steps > 1 else ''}: all "
-                    f"{len(self.tensors)} outputs, gradients and buffers within tolerance, "
+                    f"{len(self.tensors)} compared tensors (outputs, gradients, buffers) within tolerance, "
                     f"no divergent node among {sum(n.compared for g in self.graphs for n in g.nodes)} compared.")
         parts = []
         if beyond:
-            parts.append(f"{len(beyond)} of {len(self.tensors)} outputs, gradients and buffers beyond tolerance")
+            parts.append(f"{len(beyond)} of {len(self.tensors)} compared tensors (outputs, gradients, buffers) beyond "
+                         "tolerance")
         if divergent:
             parts.append(f"{len(divergent)} divergent node(s)")
         else:
