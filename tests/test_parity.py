@@ -538,6 +538,10 @@ def test_the_command_line_writes_the_report(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "[1/4] eager step" in err and "[4/4] parity ok" in err and "node by node" in err
     assert out.startswith("parity ok") and (tmp_path / "ok" / "report.html").exists()
+    assert cli_main([*argv[:-1], str(tmp_path / "steps"), "--steps", "2", "--optimizer", "sgd-momentum"]) == 0
+    out, _ = capsys.readouterr()
+    assert out.startswith("parity ok over 2 training steps")
+    assert json.loads((tmp_path / "steps" / "report.json").read_text())["steps"] == 2
 
     aot2onnx.register_lowering(aten.gelu.default)(_gelu_off)
     assert cli_main([*argv[:-1], str(tmp_path / "faulty")]) == 1

@@ -128,8 +128,6 @@ def plant(model: onnx.ModelProto, value: str, factor: float, dtype: str = "float
 def planted(faults: Sequence[tuple[Site, float]]) -> Iterator[dict[Site, str]]:
     """Within the block, every graph lowered whose name and occurrence match a site gets its fault; yields
     site -> the name of the compiled graph it went into."""
-    from unittest import mock
-
     real = translate.lower_graph
     lowered_names: Counter[str] = Counter()
     where: dict[Site, str] = {}
@@ -145,8 +143,13 @@ def planted(faults: Sequence[tuple[Site, float]]) -> Iterator[dict[Site, str]]:
                 where[site] = name
         return lowered
 
-    with mock.patch.object(translate, "lower_graph", lower_graph):
+    # The backend imports lower_graph from its module at each compilation (compile/backend.py): swapping the
+    # module's attribute is seen by the next one.
+    translate.lower_graph = lower_graph
+    try:
         yield where
+    finally:
+        translate.lower_graph = real
 
 
 @dataclasses.dataclass(frozen=True)

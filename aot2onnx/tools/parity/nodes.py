@@ -423,6 +423,7 @@ def _compiled_values(gm: torch.fx.GraphModule, inputs: Sequence[Any], runs: Sequ
 
 
 Arguments = Callable[[torch.dtype, "torch.Generator | None"], tuple[tuple, dict]]
+_RECOMPUTED_DEPTH = 32  # how far back a recomputed input is computed again (chains of folded views are short)
 
 
 def _moved(value: Any, precise: Any, generator: torch.Generator) -> Any:
@@ -547,16 +548,18 @@ def analyse(
     recomputed: dict[str, torch.fx.Node] = {}  # nodes the runs hold no value of, run by PyTorch (_derive)
 
     def arguments(node: torch.fx.Node) -> Arguments:
-        """The node's inputs at another precision, a value recomputed by PyTorch computed again from the
-        values it came from (up to 32 nodes back) at that precision; moved by an ulp with a generator."""
+        """The node's inputs at another precision; a value PyTorch recomputed (_derive) is computed again from
+        the values it came from, up to _RECOMPUTED_DEPTH nodes back, at that precision. Every value read from
+        a run (or eager's) is moved by an ulp of its own dtype where a generator is given."""
         def at(dtype: torch.dtype, generator: torch.Generator | None) -> tuple[tuple, dict]:
             memo: dict[str, Any] = {}
 
-            def value(a: torch.fx.Node) -> Any:
+            def value(a: torch.fx.Node, depth: int = 0) -> Any:
                 if a.name not in memo:
                     source = recomputed.get(a.name)
-                    if source is not None and len(memo) < 32:
-                        args, kwargs = torch.fx.node.map_arg((source.args, source.kwargs), value)
+                    if source is not None and depth < _RECOMPUTED_DEPTH:
+                        args, kwargs = torch.fx.node.map_arg((source.args, source.kwargs),
+                                                             lambda b: value(b, depth + 1))
                         memo[a.name] = source.target(*args, **kwargs)
                     else:
                         known = compiled[a.name] if a.name in compiled else eager[a.name]
