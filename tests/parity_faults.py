@@ -9,7 +9,9 @@ gradients. Nodes are drawn per model from the forward and the backward graphs in
 (aot2onnx's, torch_lib's, the user's) and of single- and multi-output nodes the model has first, then at random;
 an output of a node with several is drawn at random. Each compiled step carries one fault per graph: the
 forward graph's and the backward graph's are scored apart (a backward node is judged on the inputs the
-backward graph received, which the forward's fault changed).
+backward graph received, which the forward's fault changed). Faults go into the lowering, and the model trains
+a step with them ("compiled"), or into the models a clean report compared, compared again ("rerun": no training,
+many times faster; each graph is judged on the inputs its call received either way).
 
 Used by ``tests/test_parity_faults.py`` and ``scripts/parity_fault_sweep.py``.
 """
@@ -40,7 +42,7 @@ from aot2onnx.tools.parity.faults import Outcome, Site
 sys.path.insert(0, str(Path(__file__).parent))
 import zoo  # noqa: E402
 
-__all__ = ["CASES", "DEFAULT_SWEEP", "Case", "CaseResult", "case", "format_results", "run_case"]
+__all__ = ["CASES", "DEFAULT_SWEEP", "MODES", "Case", "CaseResult", "case", "format_results", "run_case"]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -144,7 +146,7 @@ class Case:
     tol: tuple[float, float]
     context: Callable[[], contextlib.AbstractContextManager]
 
-    def compare(self) -> aot2onnx.parity.ParityReport:
+    def compare(self, keep_graphs: bool = False) -> aot2onnx.parity.ParityReport:
         """One compare of the model (the same weights and data every time), with what the case needs."""
         torch.manual_seed(0)
         model = self.build()
@@ -152,7 +154,7 @@ class Case:
         with self.context(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return aot2onnx.parity.compare(model, args, loss_fn=self.loss_fn, targets=target, rtol=self.tol[0],
-                                           atol=self.tol[1])
+                                           atol=self.tol[1], keep_graphs=keep_graphs)
 
 
 def _zoo_case(member: zoo.Member) -> Case:
@@ -216,13 +218,22 @@ def _paired(forward: list[Site], backward: list[Site]) -> list[list[Site]]:
     return runs
 
 
-def run_case(case_: Case, *, faults_count: int, ulp_count: int, seed: int = 0,
+MODES = ("compiled", "rerun")
+
+
+def run_case(case_: Case, *, faults_count: int, ulp_count: int, seed: int = 0, mode: str = "compiled",
              progress: Callable[[str], None] | None = None) -> CaseResult:
     """The clean report of one model, then ``faults_count`` relative 1e-3 faults and ``ulp_count`` ulp-scale
-    faults, half in the forward graphs and half in the backward ones, two per compiled step."""
+    faults, half in the forward graphs and half in the backward ones, two per compiled step.
+
+    ``mode``: "compiled" plants each fault in the lowering, and the model trains a step with it (a compile per
+    pair of faults); "rerun" plants it in the models the clean report compared and compares those graphs again
+    (faults.replanted: the same inputs per graph, no training, many times faster)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     say = progress or (lambda text: None)
     started = time.perf_counter()
-    clean = case_.compare()
+    clean = case_.compare(keep_graphs=mode == "rerun")
     blamed = [f"{n.kind} {n.fx_name} ({n.target}): {n.own.against_tolerance() if n.own else n.note}"
               for n in clean.divergences]
     with case_.context():  # the rules that lowered each node: the user's too
@@ -236,8 +247,11 @@ def run_case(case_: Case, *, faults_count: int, ulp_count: int, seed: int = 0,
         half = math.ceil(count / 2) if backward else count
         runs = _paired(_draw(forward, half, rng), _draw(backward, count - half, rng) if backward else [])
         for sites_ in runs:
-            with faults.planted([(s, factor) for s in sites_]) as where:
-                report = case_.compare()
+            if mode == "rerun":
+                report, where = faults.replanted(clean, [(s, factor) for s in sites_])
+            else:
+                with faults.planted([(s, factor) for s in sites_]) as where:
+                    report = case_.compare()
             for site in sites_:
                 outcome = faults.score(report, site, factor, where)
                 outcomes[factor].append(outcome)

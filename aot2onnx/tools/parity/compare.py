@@ -11,7 +11,7 @@ import pathlib
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -152,10 +152,10 @@ def _load_model(dump_dir: pathlib.Path, name: str) -> onnx.ModelProto:
 
 
 def _graph_runs(
-    recorded: _Recorded, step: int, dump_dir: pathlib.Path, options: Options, notes: list[str],
-    models: dict[str, onnx.ModelProto],
+    recorded: _Recorded, step: int, models: Callable[[str], onnx.ModelProto], options: Options, notes: list[str],
 ) -> list[OnnxRun]:
-    """Each ONNX model a recorded graph ran in ``step``, run again with its intermediates exposed."""
+    """Each ONNX model a recorded graph ran in ``step`` (``models(name)``), run again with its intermediates
+    exposed."""
     runner = recorded.runner
     if isinstance(runner, OrtGraph):
         graphs = [(runner, recorded.calls[step])]
@@ -173,13 +173,63 @@ def _graph_runs(
     for graph, inputs in graphs:
         if graph.session is None:
             continue
-        if graph.name not in models:
-            models[graph.name] = _load_model(dump_dir, graph.name)
-        model = models[graph.name]
+        model = models(graph.name)
         values = run_intermediates(model, graph.signature.inputs, inputs, wanted=wanted, name=graph.name,
                                    kind=graph.kind, device=graph.device, options=options)
         runs.append(OnnxRun(graph.name, model, values, order=recorded.orders[step]))
     return runs
+
+
+class _NodeComparison:
+    """Every compiled graph of a compare() with the inputs of its calls and the ONNX models it ran: what the
+    node by node comparison needs, and all it needs to be made again (``ParityReport.recompare``)."""
+
+    def __init__(self, recorded: list[_Recorded], dump_dir: pathlib.Path, options: Options, rtol: float,
+                 atol: float) -> None:
+        self.recorded, self.dump_dir, self.options, self.rtol, self.atol = recorded, dump_dir, options, rtol, atol
+        self.models: dict[str, onnx.ModelProto] = {}
+
+    def model(self, name: str) -> onnx.ModelProto:
+        if name not in self.models:
+            self.models[name] = _load_model(self.dump_dir, name)
+        return self.models[name]
+
+    def graphs(self, step: int, notes: list[str], progress: Progress = None,
+               transform: Callable[[str, onnx.ModelProto], onnx.ModelProto] | None = None,
+               only: Collection[str] | None = None) -> list[GraphParity]:
+        """The graphs that ran in ``step`` (``only`` those with an ONNX model of these names), compared node by
+        node; ``transform(name, model)`` changes the ONNX model of graph ``name`` first (a copy)."""
+        def models(name: str) -> onnx.ModelProto:
+            return self.model(name) if transform is None else transform(name, self.model(name))
+
+        def names(r: _Recorded) -> set[str]:
+            runner = r.runner
+            return {g.name for g in runner.subgraphs} if isinstance(runner, FallbackGraph) else {getattr(runner, "name", "")}
+
+        found = []
+        for r in sorted((r for r in self.recorded if step in r.calls), key=lambda r: r.orders[step]):
+            if only is not None and not names(r) & set(only):
+                continue
+            runs = _graph_runs(r, step, models, self.options, notes)
+            if not runs:
+                continue
+            whole = runs[0].name if len(runs) == 1 else _whole_name(runs)
+            _say(progress, f"    {whole} ({r.kind}): {sum(1 for n in r.graph.graph.nodes if n.op == 'call_function')} "
+                           f"FX nodes in {len(runs)} ONNX model(s)")
+            for graph in analyse(r.graph, r.calls[step], runs, kind=r.kind, whole=whole, rtol=self.rtol, atol=self.atol):
+                graph.step = step
+                found.append(graph)
+        return found
+
+    def keep(self) -> None:
+        """Reads every model the graphs ran into memory (the dump directory may go)."""
+        for name in (p.stem for p in self.dump_dir.glob("*.onnx")):
+            self.model(name)
+
+    def again(self, transform: Callable[[str, onnx.ModelProto], onnx.ModelProto],
+              only: Collection[str] | None = None) -> list[GraphParity]:
+        steps = sorted({step for r in self.recorded for step in r.calls})
+        return [g for step in steps for g in self.graphs(step, [], transform=transform, only=only)]
 
 
 @contextlib.contextmanager
@@ -233,6 +283,7 @@ def compare(
     steps: int = 1,
     optimizer: Callable[[Any], torch.optim.Optimizer] | None = None,
     compile_optimizer: bool = False,
+    keep_graphs: bool = False,
     progress: Progress = None,
 ) -> ParityReport:
     """``steps`` training steps of ``model`` in eager PyTorch and through ``torch.compile(backend="aot2onnx")``,
@@ -260,6 +311,10 @@ def compare(
             with lr=0.1 where ``steps`` > 1, none for one step (the gradients are compared, not the update).
         compile_optimizer: Compile the compiled side's ``optimizer.step`` through aot2onnx too: its graphs
             are compared node by node, as kind "optimizer".
+        keep_graphs: Keep the compiled graphs, the inputs of their calls and their ONNX models (and sessions)
+            with the report, so that ``report.recompare(transform)`` compares them node by node again with
+            their models transformed, without training again (``aot2onnx.tools.parity.faults`` plants faults
+            so).
         progress: Called with a line of text per stage.
 
     Resets Dynamo (``torch._dynamo.reset()``) first, as a fresh compilation is what is observed: other
@@ -298,7 +353,7 @@ def compare(
         compiled = torch.compile(compiled_model, backend=backend(**opts))
         step_c = torch.compile(opt_c.step, backend=backend(**opts)) if opt_c is not None and compile_optimizer else (
             opt_c.step if opt_c is not None else None)
-        models: dict[str, onnx.ModelProto] = {}
+        nodes = _NodeComparison(recorded, dump_dir, compile_options, rtol, atol)
         for step in range(1, steps + 1):
             tag = f"step {step}/{steps}: " if steps > 1 else ""
             args = _arguments(_per_step(inputs, step - 1))
@@ -340,26 +395,19 @@ def compare(
             if opt_e is not None and opt_c is not None:
                 _compare_optimizer(eager_model, compiled_model, opt_e, opt_c, rtol, atol, tensors, step)
 
-            ran = sorted((r for r in recorded if step in r.calls), key=lambda r: r.orders[step])
             if not recorded:
                 notes.append(f"{tag}no graph was compiled (Dynamo ran everything in eager PyTorch): nothing to "
                              "compare node by node")
-            _say(progress, f"[3/4] {tag}comparing {len(ran)} compiled graph(s) node by node")
-            for r in ran:
-                runs = _graph_runs(r, step, dump_dir, compile_options, notes, models)
-                if not runs:
-                    continue
-                whole = runs[0].name if len(runs) == 1 else _whole_name(runs)
-                _say(progress, f"    {whole} ({r.kind}): {sum(1 for n in r.graph.graph.nodes if n.op == 'call_function')} "
-                               f"FX nodes in {len(runs)} ONNX model(s)")
-                for graph in analyse(r.graph, r.calls[step], runs, kind=r.kind, whole=whole, rtol=rtol, atol=atol):
-                    graph.step = step
-                    graphs.append(graph)
+            _say(progress, f"[3/4] {tag}comparing {sum(step in r.calls for r in recorded)} compiled graph(s) node by node")
+            graphs += nodes.graphs(step, notes, progress)
         for r in recorded:
             if not r.calls:
                 notes.append(f"a {r.kind} graph was compiled but not run: not compared")
         torch._dynamo.reset()  # the compiled copies are not kept: nothing of them stays in Dynamo's caches
-    report = ParityReport(rtol, atol, tensors, graphs, notes, time.perf_counter() - started, steps=steps)
+        if keep_graphs:
+            nodes.keep()
+    report = ParityReport(rtol, atol, tensors, graphs, notes, time.perf_counter() - started, steps=steps,
+                          recompare=nodes.again if keep_graphs else None)
     _say(progress, f"[4/4] {report.summary_line()}")
     return report
 

@@ -8,7 +8,7 @@ import json
 import math
 import pathlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aot2onnx.tools.parity.errors import NOISE_FACTOR, SLACK_ULPS, ErrorStats
@@ -87,6 +87,10 @@ class ParityReport:
     notes: list[str]
     seconds: float = 0.0
     steps: int = 1
+    # compare(..., keep_graphs=True): recompare(transform, only=None), transform(graph name, ONNX model) -> model:
+    # the graphs of every step (only those with models of the names in ``only``) compared again with their models
+    # so transformed (the tensors stay as they were).
+    recompare: Callable[..., list[GraphParity]] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
