@@ -242,20 +242,20 @@ def run_case(case_: Case, *, faults_count: int, ulp_count: int, seed: int = 0, m
     rng = random.Random(f"{seed}:{case_.name}")
     forward = [s for s in found if s.kind != "backward"]
     backward = [s for s in found if s.kind == "backward"]
-    outcomes: dict[float, list[Outcome]] = {faults.RELATIVE: [], faults.ULPS: []}
-    for factor, count in ((faults.RELATIVE, faults_count), (faults.ULPS, ulp_count)):
+    outcomes: dict[faults.Fault, list[Outcome]] = {faults.RELATIVE: [], faults.ULPS: []}
+    for fault, count in ((faults.RELATIVE, faults_count), (faults.ULPS, ulp_count)):
         half = math.ceil(count / 2) if backward else count
         runs = _paired(_draw(forward, half, rng), _draw(backward, count - half, rng) if backward else [])
         for sites_ in runs:
             if mode == "rerun":
-                report, where = faults.replanted(clean, [(s, factor) for s in sites_])
+                report, where = faults.replanted(clean, [(s, fault) for s in sites_])
             else:
-                with faults.planted([(s, factor) for s in sites_]) as where:
+                with faults.planted([(s, fault) for s in sites_]) as where:
                     report = case_.compare()
             for site in sites_:
-                outcome = faults.score(report, site, factor, where)
-                outcomes[factor].append(outcome)
-                if factor == faults.RELATIVE:
+                outcome = faults.score(report, site, fault, where)
+                outcomes[fault].append(outcome)
+                if fault == faults.RELATIVE:
                     say(f"  1e-3 {'named first' if outcome.named_first else 'MISSED'}: {site.describe()}"
                         + (f": {outcome.why}" if outcome.why else ""))
                 else:
@@ -286,7 +286,7 @@ def format_results(results: Sequence[CaseResult]) -> str:
     lines += ["", f"relative 1e-3 faults: {len(counted)} planted with an effect over {len(results)} models; named first "
                   f"in their graph: {hits} ({100 * hits / max(len(counted), 1):.1f}%); "
                   f"{len(outcomes) - len(counted)} more had no effect (the value is all zeros)",
-              f"ulp-scale faults (x{faults.ULPS!r}): {len(ulps)} planted; blamed: {sum(o.blamed for o in ulps)}",
+              f"ulp-scale faults ({faults.ULPS}): {len(ulps)} planted; blamed: {sum(o.blamed for o in ulps)}",
               f"clean models: {len(results)}; nodes blamed: {sum(len(r.clean_blamed) for r in results)}"]
     breakdown: dict[str, Counter[bool]] = defaultdict(Counter)
     for o in counted:

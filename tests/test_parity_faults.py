@@ -21,6 +21,7 @@ def test_planted_faults_are_named_first_and_ulps_are_not_blamed(name, mode):
     assert len(result.outcomes) == 4 and all(o.named_first for o in result.outcomes), report
     assert {o.site.kind for o in result.outcomes} >= {"forward", "backward"}
     assert len(result.ulp_outcomes) == 2 and not any(o.blamed for o in result.ulp_outcomes), report
+    assert all(o.planted_node.own.max_abs > 0 for o in result.ulp_outcomes), "an ulp fault changed nothing"
     if name == "user_rules":  # one of each: the user's rules, single and multi-output
         assert {(o.site.origin, o.site.several) for o in result.outcomes} >= {("user", False), ("user", True)}, report
     else:

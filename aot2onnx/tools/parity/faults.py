@@ -1,7 +1,8 @@
 """Faults planted in lowered graphs, to measure the parity report itself.
 
-A fault is one FX node's ONNX value made wrong: the ONNX value is renamed, and a Mul by ``factor`` computes
-the node's value from it under its old name, with the node's provenance. Every ONNX node that read the value
+A fault is one FX node's ONNX value made wrong: the ONNX value is renamed, and a Mul by a factor (and an Add of
+a few ulps of the value's largest magnitude) computes the node's value from it under its old name, with the
+node's provenance. Every ONNX node that read the value
 reads the wrong one, and the compiled step runs it, as it would run a lowering rule off by that much::
 
     clean = aot2onnx.parity.compare(model, inputs)
@@ -10,8 +11,9 @@ reads the wrong one, and the compiled step runs it, as it would run a lowering r
         report = aot2onnx.parity.compare(model, inputs)
     outcome = score(report, site, RELATIVE, where)   # outcome.named_first: the report named it first
 
-A relative 1e-3 (``RELATIVE``) must be named as the first divergent node of its graph; four float32 ulps
-(``ULPS``), what two correct kernels may differ by, must not be blamed at all.
+A relative 1e-3 (``RELATIVE``) must be named as the first divergent node of its graph; four float32 ulps of each
+element plus four of the output's largest magnitude (``ULPS``: what two correct kernels may differ by, an element
+near zero included), must not be blamed at all.
 
 ``replanted(report, faults)`` plants faults in the models a report compared (``compare(..., keep_graphs=True)``)
 and compares those graphs node by node again, without training again: each graph is judged on the inputs its
@@ -38,10 +40,24 @@ from aot2onnx.tools.parity.errors import ErrorStats
 from aot2onnx.tools.parity.nodes import NodeParity
 from aot2onnx.tools.parity.report import ParityReport
 
-__all__ = ["RELATIVE", "ULPS", "Outcome", "Site", "graph_key", "plant", "planted", "replanted", "score", "sites"]
+__all__ = ["RELATIVE", "ULPS", "Fault", "Outcome", "Site", "graph_key", "plant", "planted", "replanted", "score",
+           "sites"]
 
-RELATIVE = 1 + 1e-3
-ULPS = 1 + 4 * 2.0**-23  # four float32 ulps
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """``value * scale + offset_ulps * eps * max|value|`` (eps of the value's dtype)."""
+
+    scale: float
+    offset_ulps: float = 0.0
+    name: str = ""
+
+    def __str__(self) -> str:
+        return self.name or f"x{self.scale!r} + {self.offset_ulps:g} ulps of the largest"
+
+
+RELATIVE = Fault(1 + 1e-3, 0.0, "relative 1e-3")
+ULPS = Fault(1 + 4 * 2.0**-23, 4.0, "4 ulps of each element and of the largest")
 
 _FLOATS = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
 
@@ -127,23 +143,41 @@ def _occurrences(report: ParityReport) -> dict[str, tuple[str, int]]:
     return found
 
 
-def plant(model: onnx.ModelProto, value: str, factor: float, dtype: str = "float32") -> None:
-    """Makes ``value`` of ``model`` ``factor`` times what its producer computes (in place)."""
+def plant(model: onnx.ModelProto, value: str, fault: Fault, dtype: str = "float32") -> None:
+    """Makes ``value`` of ``model`` what ``fault`` makes of what its producer computes (in place)."""
     graph = model.graph
     position, producer = next(((i, n) for i, n in enumerate(graph.node) if value in n.output), (None, None))
     if producer is None:
         raise ValueError(f"no node of {graph.name!r} computes {value!r}")
     hidden = f"{value}__unplanted"
     producer.output[list(producer.output).index(value)] = hidden
-    constant = numpy_helper.from_array(np.array(factor, dtype=_FLOATS[dtype]), name=f"{value}__fault")
-    graph.initializer.append(constant)
-    mul = helper.make_node("Mul", [hidden, constant.name], [value], name=f"{value}__fault_Mul")
-    mul.metadata_props.extend(producer.metadata_props)  # the node's own provenance: part of its lowering
-    graph.node.insert(position + 1, mul)
+    numpy_dtype = _FLOATS[dtype]
+
+    def constant(suffix: str, number: float) -> str:
+        tensor = numpy_helper.from_array(np.array(number, dtype=numpy_dtype), name=f"{value}__fault_{suffix}")
+        graph.initializer.append(tensor)
+        return tensor.name
+
+    nodes = []
+    scaled = value if not fault.offset_ulps else f"{value}__scaled"
+    nodes.append(helper.make_node("Mul", [hidden, constant("scale", fault.scale)], [scaled], name=f"{value}__fault_Mul"))
+    if fault.offset_ulps:
+        # Over a scalar, ReduceMax with no axes reduces every axis: the offset is the same for every element.
+        nodes += [
+            helper.make_node("Abs", [hidden], [f"{value}__abs"], name=f"{value}__fault_Abs"),
+            helper.make_node("ReduceMax", [f"{value}__abs"], [f"{value}__largest"], keepdims=0,
+                             name=f"{value}__fault_ReduceMax"),
+            helper.make_node("Mul", [f"{value}__largest", constant("offset", fault.offset_ulps * np.finfo(numpy_dtype).eps)],
+                             [f"{value}__offset"], name=f"{value}__fault_Offset"),
+            helper.make_node("Add", [scaled, f"{value}__offset"], [value], name=f"{value}__fault_Add"),
+        ]
+    for k, node in enumerate(nodes):
+        node.metadata_props.extend(producer.metadata_props)  # the node's own provenance: part of its lowering
+        graph.node.insert(position + 1 + k, node)
 
 
 @contextlib.contextmanager
-def planted(faults: Sequence[tuple[Site, float]]) -> Iterator[dict[Site, str]]:
+def planted(faults: Sequence[tuple[Site, Fault]]) -> Iterator[dict[Site, str]]:
     """Within the block, every graph lowered whose name and occurrence match a site gets its fault; yields
     site -> the name of the compiled graph it went into."""
     real = translate.lower_graph
@@ -155,9 +189,9 @@ def planted(faults: Sequence[tuple[Site, float]]) -> Iterator[dict[Site, str]]:
         key = graph_key(name)
         occurrence = lowered_names[key]
         lowered_names[key] += 1
-        for site, factor in faults:
+        for site, fault in faults:
             if site.graph == key and site.occurrence == occurrence:
-                plant(lowered.model, site.value, factor, site.dtype)
+                plant(lowered.model, site.value, fault, site.dtype)
                 where[site] = name
         return lowered
 
@@ -170,7 +204,7 @@ def planted(faults: Sequence[tuple[Site, float]]) -> Iterator[dict[Site, str]]:
         translate.lower_graph = real
 
 
-def replanted(report: ParityReport, faults: Sequence[tuple[Site, float]]) -> tuple[ParityReport, dict[Site, str]]:
+def replanted(report: ParityReport, faults: Sequence[tuple[Site, Fault]]) -> tuple[ParityReport, dict[Site, str]]:
     """``report`` (of ``compare(..., keep_graphs=True)``) with the graphs that get a fault compared node by node
     again, their models planted; and site -> the graph it went into. Its tensors are the clean run's."""
     if report.recompare is None:
@@ -179,13 +213,13 @@ def replanted(report: ParityReport, faults: Sequence[tuple[Site, float]]) -> tup
     where = {site: names[(site.graph, site.occurrence)] for site, _ in faults if (site.graph, site.occurrence) in names}
 
     def transform(name: str, model: onnx.ModelProto) -> onnx.ModelProto:
-        mine = [(site, factor) for site, factor in faults if where.get(site) == name]
+        mine = [(site, fault) for site, fault in faults if where.get(site) == name]
         if not mine:
             return model
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        for site, factor in mine:
-            plant(copy, site.value, factor, site.dtype)
+        for site, fault in mine:
+            plant(copy, site.value, fault, site.dtype)
         return copy
 
     graphs = report.recompare(transform, only=set(where.values()))
@@ -197,7 +231,7 @@ class Outcome:
     """What the report said about one planted fault."""
 
     site: Site
-    factor: float
+    fault: Fault
     named: NodeParity | None  # the first divergent node of the graph the fault went into
     planted_node: NodeParity | None  # the report's entry for the node the fault was planted at
     why: str  # for a miss (or a blamed ulp): what happened
@@ -218,16 +252,16 @@ class Outcome:
         return own is not None and own.max_abs == 0 and not self.named_first
 
 
-def score(report: ParityReport, site: Site, factor: float, where: dict[Site, str]) -> Outcome:
+def score(report: ParityReport, site: Site, fault: Fault, where: dict[Site, str]) -> Outcome:
     if site not in where:
-        return Outcome(site, factor, None, None, "not planted: no graph of that name and occurrence was lowered")
+        return Outcome(site, fault, None, None, "not planted: no graph of that name and occurrence was lowered")
     graph = next((g for g in report.graphs if g.name == where[site]), None)
     if graph is None:
-        return Outcome(site, factor, None, None, f"graph {where[site]} was not compared")
+        return Outcome(site, fault, None, None, f"graph {where[site]} was not compared")
     named = graph.first_divergence
     node = next((n for n in graph.nodes if n.fx_name == site.fx_name), None)
     if named is not None and named.fx_name == site.fx_name:
-        return Outcome(site, factor, named, node, "")
+        return Outcome(site, fault, named, node, "")
     if node is None:
         why = "the planted node has no value of its own in the report"
     elif not node.compared:
@@ -240,7 +274,7 @@ def score(report: ParityReport, site: Site, factor: float, where: dict[Site, str
         why = "the planted node is divergent but not first"
     if named is not None:
         why += f"; {named.fx_name} ({named.target}) named first: {_stats(named.own)}"
-    return Outcome(site, factor, named, node, why)
+    return Outcome(site, fault, named, node, why)
 
 
 def _stats(stats: ErrorStats | None) -> str:
