@@ -186,6 +186,7 @@ class CaseResult:
     family: str
     clean_blamed: list[str]  # nodes the clean model's report blamed: must be none
     clean_summary: str
+    largest_own: tuple[float, str]  # the clean model's largest own error over its tolerance, and that node
     sites: int  # places a fault could go
     outcomes: list[Outcome]  # relative 1e-3 faults
     ulp_outcomes: list[Outcome]  # ulp-scale faults
@@ -236,6 +237,8 @@ def run_case(case_: Case, *, faults_count: int, ulp_count: int, seed: int = 0, m
     clean = case_.compare(keep_graphs=mode == "rerun")
     blamed = [f"{n.kind} {n.fx_name} ({n.target}): {n.own.against_tolerance() if n.own else n.note}"
               for n in clean.divergences]
+    own = [(n.own.ratio, f"{n.kind} {n.fx_name} ({n.target})") for g in clean.graphs for n in g.nodes if n.own]
+    largest = max(own, default=(0.0, ""))
     with case_.context():  # the rules that lowered each node: the user's too
         found = faults.sites(clean)
     say(f"{case_.name}: clean report {'ok' if not blamed else 'BLAMES ' + str(len(blamed))}, {len(found)} sites")
@@ -261,7 +264,7 @@ def run_case(case_: Case, *, faults_count: int, ulp_count: int, seed: int = 0, m
                 else:
                     say(f"  ulp  {'BLAMED' if outcome.blamed else 'not blamed'}: {site.describe()}"
                         + (f": {outcome.why}" if outcome.blamed else ""))
-    return CaseResult(case_.name, case_.family, blamed, clean.summary_line(), len(found), outcomes[faults.RELATIVE],
+    return CaseResult(case_.name, case_.family, blamed, clean.summary_line(), largest, len(found), outcomes[faults.RELATIVE],
                       outcomes[faults.ULPS], time.perf_counter() - started)
 
 
@@ -273,12 +276,13 @@ def format_results(results: Sequence[CaseResult]) -> str:
     """The figures: per model and in all, faults planted, named first, ulp faults blamed, clean blames; then
     every miss with why, and the share named first per kind of graph, rule and node."""
     lines = ["| model | family | sites | 1e-3 faults | named first | no effect | ulp faults | ulp blamed | "
-             "clean model blamed | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "clean model blamed | clean: largest own error / tolerance | seconds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         counted = [o for o in r.outcomes if not o.no_effect]
         lines.append(f"| {r.name} | {r.family} | {r.sites} | {len(counted)} | {sum(o.named_first for o in counted)} | "
                      f"{len(r.outcomes) - len(counted)} | {len(r.ulp_outcomes)} | {sum(o.blamed for o in r.ulp_outcomes)} | "
-                     f"{len(r.clean_blamed)} | {r.seconds:.0f} |")
+                     f"{len(r.clean_blamed)} | {r.largest_own[0]:.3g} ({r.largest_own[1]}) | {r.seconds:.0f} |")
     outcomes = [o for r in results for o in r.outcomes]
     counted = [o for o in outcomes if not o.no_effect]
     hits = sum(o.named_first for o in counted)

@@ -169,7 +169,7 @@ def interpret(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> tuple[dict[str
             elif node.op in ("call_function", "call_module"):
                 missing = [a.name for a in node.all_input_nodes if a.name not in env]
                 if missing:
-                    failures[node.name] = failures[missing[0]]
+                    failures[node.name] = failures.get(missing[0], f"{missing[0]} has no value")
                     continue
                 args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
                 call = node.target if node.op == "call_function" else gm.get_submodule(node.target)
@@ -484,12 +484,12 @@ def _rounding_scale(target: Any, arguments: Arguments, pairs: list[tuple[int, An
     return noise, conditioning
 
 
-def own_error(target: Any, arguments: Arguments, pairs: list[tuple[int, Any, Any]], *,
+def own_error(target: Any, inputs: tuple[tuple, dict], arguments: Arguments, pairs: list[tuple[int, Any, Any]], *,
               rtol: float) -> tuple[ErrorStats, float, str]:
-    """A node's own error: its ONNX value against its kernel run by PyTorch on the same inputs (``pairs``:
-    position, reference and value per output; ``arguments(dtype, generator)`` the node's inputs at another
-    precision, moved by an ulp where a generator is given), the largest slack used, and a note where the
-    tolerance had to be chosen otherwise than usual.
+    """A node's own error: its ONNX value against its kernel run by PyTorch on the same inputs (``inputs``:
+    args and kwargs; ``pairs``: position, reference and value per output; ``arguments(dtype, generator)`` the
+    node's inputs at another precision, moved by an ulp where a generator is given), the largest slack used,
+    and a note where the tolerance had to be chosen otherwise than usual.
 
     An element is beyond where ``|value - reference| > rtol * |reference| + slack``. The slack is SLACK_ULPS
     ulps of the output's largest magnitude, or where that is not enough, NOISE_FACTOR times what rounding
@@ -509,8 +509,7 @@ def own_error(target: Any, arguments: Arguments, pairs: list[tuple[int, Any, Any
     if scales is None:
         # Without PyTorch's own rounding to go by: the largest magnitude among the inputs and outputs, which a
         # sum whose terms cancel rounds at (and which may hide a fault in a node of small values).
-        args, kwargs = arguments(torch.float64, None)
-        scale = magnitude([*torch.utils._pytree.tree_leaves((args, kwargs)), *(r for _, r, _ in pairs)])
+        scale = magnitude([*torch.utils._pytree.tree_leaves(inputs), *(r for _, r, _ in pairs)])
         slacks = [max(w, slack(r.dtype, scale)) if isinstance(r, torch.Tensor) else 0.0
                   for (_, r, _), w in zip(pairs, slacks)]
         return measured(slacks), max(slacks, default=0.0), ("PyTorch's kernel has no float64 version here: the own "
@@ -628,9 +627,9 @@ def analyse(
                 entry.error = ErrorStats.combine([measure(r, g, rtol=rtol, atol=atol)
                                                   for _, r, g in _pairs(eager_value, got)])
         pairs = _pairs(reference, got)
-        entry.own, entry.slack, how = own_error(node.target, arguments(node), pairs, rtol=rtol)
+        entry.own, entry.slack, how = own_error(node.target, (args, kwargs), arguments(node), pairs, rtol=rtol)
         if how:
-            entry.note = how
+            entry.note = "; ".join(n for n in (entry.note, how) if n)
         entry.divergent = not entry.own.ok
         if entry.divergent and graph.reproducer is None:
             names = [n for n in _locate(node, run) if n]
