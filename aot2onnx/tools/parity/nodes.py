@@ -9,7 +9,9 @@ models) and the inputs one compiled call received:
 - each FX node's ONNX value is compared with eager's value of the node (the error along the graph, which
   carries what came before it), and with the node itself run by PyTorch on the compiled values of its
   inputs: the node's own error. A node whose own error is beyond tolerance is divergent; one that only
-  carries an upstream error is not, since its inputs are the compiled ones.
+  carries an upstream error is not, since its inputs are the compiled ones. Its tolerance is relative to its
+  own values and to the rounding it makes on these inputs (own_error), not to the model's outputs;
+- a node whose reference PyTorch cannot compute is "not compared", with the reason.
 """
 
 from __future__ import annotations
