@@ -268,6 +268,9 @@ def score(report: ParityReport, site: Site, fault: Fault, where: dict[Site, str]
         why = f"the planted node was not compared: {node.note}"
     elif node.own is not None and node.own.max_abs == 0:
         why = "no effect: the planted value is all zeros"
+    elif not node.divergent and node.own is not None and node.own.worst_diff * 10 < node.own.worst_tolerance:
+        why = (f"the planted value is rounding noise: the fault moved it by {node.own.worst_diff:.3g}, its "
+               f"rounding on these inputs allows {node.own.worst_tolerance:.3g}")
     elif not node.divergent:
         why = f"the planted node is within its tolerance: {_stats(node.own)}"
     else:
