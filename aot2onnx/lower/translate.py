@@ -9,7 +9,9 @@ outputs, inputs returned as outputs, and one report of every unsupported op befo
 from __future__ import annotations
 
 import collections
+import json
 import logging
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +46,7 @@ from aot2onnx.signature import (
 )
 
 __all__ = [
+    "VALUE_NAMES_KEY",
     "LoweredGraph",
     "RANDOM_OPS",
     "lower_graph",
@@ -53,6 +56,13 @@ __all__ = [
 ]
 
 logger = logging.getLogger("aot2onnx")
+
+# The model's metadata_props entry mapping the FX values whose ONNX value the cleanup renamed to its name now
+# (JSON, ``{"getitem_3": "clone"}``): every other FX value that is still computed keeps its FX name (``node``,
+# or ``node__i`` for the i-th output of a node with several). Removing an Identity whose output is a graph
+# output gives that output's name to the value before it: batch norm's first output, cloned for an in-place
+# activation and saved for the backward, is named ``clone``. Parity debugging reads a node's value by it.
+VALUE_NAMES_KEY = "aot2onnx.value_names"
 
 
 # Warnings from the libraries we build on that describe normal cases for aot2onnx, not problems:
@@ -444,12 +454,30 @@ def lower_graph(
             onnxscript.version_converter.convert_version(model, opset, fallback=True)
             if model.opset_imports.get("", 18) != opset:  # the converter gives up without raising
                 raise LoweringError(f"graph {name!r} could not be converted from opset 18 to opset {opset}")
+        _record_renamed_values(model, {n.name: values[n.name] for n in gm.graph.nodes if n.op == "call_function"
+                                       and n.target is not operator.getitem and n.name in values})
         proto = ir.serde.serialize_model(model)
     mutations = tuple(MutationSpec(index, proto.graph.output[position].name) for index, position in written_at)
     checks_ = tuple(CheckSpec(proto.graph.output[position].name, api, is_matrix, kind)
                     for position, api, is_matrix, kind in checked_at)
     signature = GraphSignature(tuple(input_specs), tuple(output_specs), mutations, checks_)
     return LoweredGraph(proto, signature, fx_nodes, len(proto.graph.node))
+
+
+def _record_renamed_values(model: ir.Model, values: dict[str, Any]) -> None:
+    """Stores under VALUE_NAMES_KEY the name each FX value's ONNX value has after the passes, where it changed
+    and the value is still computed by the graph."""
+    graph = model.graph
+    live = {id(v) for v in graph.inputs} | {id(v) for node in graph for v in node.outputs}
+    renamed: dict[str, str] = {}
+    for fx_name, value in values.items():
+        named = ([(f"{fx_name}__{i}", v) for i, v in enumerate(value)] if isinstance(value, list)
+                 else [(fx_name, value)])
+        for name, v in named:
+            if isinstance(v, ir.Value) and v.name != name and id(v) in live and v.name:
+                renamed[name] = v.name
+    if renamed:
+        model.metadata_props[VALUE_NAMES_KEY] = json.dumps(renamed, sort_keys=True)
 
 
 def _written_input(node: torch.fx.Node, values: dict[str, Any], placeholders: list[torch.fx.Node]) -> tuple[int, ir.Value]:

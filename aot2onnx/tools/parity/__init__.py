@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from aot2onnx.tools.parity.cli import main
 from aot2onnx.tools.parity.compare import compare, compare_artifact
-from aot2onnx.tools.parity.errors import SLACK_ULPS, ErrorStats
+from aot2onnx.tools.parity.errors import NOISE_FACTOR, SLACK_ULPS, ErrorStats
 from aot2onnx.tools.parity.nodes import GraphParity, NodeParity
 from aot2onnx.tools.parity.report import ParityReport, TensorParity
 from aot2onnx.tools.parity.repro import Reproducer
 
 __all__ = [
+    "NOISE_FACTOR",
     "SLACK_ULPS",
     "ErrorStats",
     "GraphParity",

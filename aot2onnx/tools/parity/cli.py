@@ -1,6 +1,6 @@
-"""``python -m aot2onnx parity MODULE:FACTORY --example-inputs FILE.npz --out DIR``: the parity report of one
-training step, eager PyTorch against aot2onnx, written to DIR. Exit status 0: parity; 1: the runtimes part; 2:
-the command could not run."""
+"""``python -m aot2onnx parity MODULE:FACTORY --example-inputs FILE.npz --out DIR [--steps N]``: the parity
+report of one training step (or N, the optimizer's included), eager PyTorch against aot2onnx, written to DIR.
+Exit status 0: parity; 1: the runtimes part; 2: the command could not run."""
 
 from __future__ import annotations
 
@@ -25,6 +25,12 @@ _LOSSES: dict[str, Callable[..., torch.Tensor] | None] = {
     "cross_entropy": lambda out, target: F.cross_entropy(out, target),
 }
 _NEEDS_TARGETS = ("mse", "cross_entropy")
+_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr),
+    "sgd-momentum": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9),
+    "adam": lambda params, lr: torch.optim.Adam(params, lr=lr),
+    "adamw": lambda params, lr: torch.optim.AdamW(params, lr=lr),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,6 +56,14 @@ def _parser() -> argparse.ArgumentParser:
                         "string); repeatable")
     parser.add_argument("--eval", action="store_true", help="put the model in eval mode (no dropout)")
     parser.add_argument("--seed", type=int, default=0, help="torch.manual_seed before the factory and each step")
+    parser.add_argument("--steps", type=int, default=1, help="training steps to compare, each on the same inputs; "
+                        "with more than one, or with --optimizer, the optimizer steps too and the report says at "
+                        "which step and in which graph the two first part")
+    parser.add_argument("--optimizer", choices=sorted(_OPTIMIZERS),
+                        help="the optimizer of every step (default with --steps > 1: sgd)")
+    parser.add_argument("--lr", type=float, default=0.1, help="the optimizer's learning rate")
+    parser.add_argument("--compile-optimizer", action="store_true",
+                        help="compile the optimizer's step through aot2onnx too and compare its graphs node by node")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
 
@@ -91,8 +105,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if len(arrays) != 1:
                 raise ValueError(f"{args.targets} must hold one array (the target), holds {len(arrays)}")
             targets = torch.from_numpy(np.asarray(arrays[0], order="C"))
+        optimizer = None
+        if args.optimizer or args.steps > 1 or args.compile_optimizer:
+            make = _OPTIMIZERS[args.optimizer or "sgd"]
+            optimizer = lambda params: make(params, args.lr)  # noqa: E731
         report = compare(model, tuple(inputs), loss_fn=_LOSSES[args.loss], targets=targets, options=options,
-                         rtol=args.rtol, atol=args.atol, seed=args.seed, progress=say)
+                         rtol=args.rtol, atol=args.atol, seed=args.seed, steps=args.steps, optimizer=optimizer,
+                         compile_optimizer=args.compile_optimizer, progress=say)
         page = report.save(args.out)
     except (Aot2OnnxError, ValueError, TypeError, OSError) as e:
         print(f"aot2onnx parity: error: {e}", file=sys.stderr)

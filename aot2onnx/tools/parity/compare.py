@@ -11,7 +11,7 @@ import pathlib
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -26,7 +26,7 @@ from aot2onnx.options import Options
 from aot2onnx.runtime.session import OrtGraph
 from aot2onnx.signature import GraphKind, InputKind, InputSpec
 from aot2onnx.tools.parity.errors import measure
-from aot2onnx.tools.parity.nodes import OnnxRun, analyse, exposable, run_intermediates
+from aot2onnx.tools.parity.nodes import GraphParity, OnnxRun, analyse, exposable, run_intermediates
 from aot2onnx.tools.parity.report import ParityReport, TensorParity
 
 __all__ = ["compare", "compare_artifact"]
@@ -40,21 +40,23 @@ def _say(progress: Progress, text: str) -> None:
 
 
 class _Recorded:
-    """A compiled graph's callable, keeping the FX graph it was compiled from and a copy of its first call's
-    inputs (``compare`` runs one step; later calls are passed through untouched)."""
+    """A compiled graph's callable, keeping the FX graph it was compiled from and, per step of ``compare``, a
+    copy of the inputs of its first call in that step (later calls are passed through untouched)."""
 
     _boxed_call = True
 
-    def __init__(self, kind: GraphKind, graph: torch.fx.GraphModule, runner: Callable, order: Iterator[int]) -> None:
+    def __init__(self, kind: str, graph: torch.fx.GraphModule, runner: Callable, order: Iterator[int],
+                 step: list[int]) -> None:
         self.kind, self.graph, self.runner = kind, graph, runner
-        self.inputs: list[Any] | None = None
-        self.order = -1
-        self._order = order
+        self.calls: dict[int, list[Any]] = {}  # step -> inputs of the first call in it
+        self.orders: dict[int, int] = {}  # step -> when that call came, among every graph's
+        self._order, self._step = order, step
 
     def __call__(self, args: list[Any]) -> Any:
-        if self.inputs is None:
-            self.inputs = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
-            self.order = next(self._order)
+        step = self._step[0]
+        if step not in self.calls:
+            self.calls[step] = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+            self.orders[step] = next(self._order)
         return self.runner(args)
 
 
@@ -90,7 +92,8 @@ def _options(options: Options | Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(options or {})
 
 
-def _tensors(report: list[TensorParity], what: str, name: str, eager: Any, compiled: Any, rtol: float, atol: float) -> None:
+def _tensors(report: list[TensorParity], what: str, name: str, eager: Any, compiled: Any, rtol: float, atol: float,
+             step: int = 1) -> None:
     if eager is None and compiled is None:
         return
     stats = measure(eager, compiled, rtol=rtol, atol=atol)
@@ -100,29 +103,29 @@ def _tensors(report: list[TensorParity], what: str, name: str, eager: Any, compi
     reference = eager if isinstance(eager, torch.Tensor) else compiled
     shape = list(reference.shape) if isinstance(reference, torch.Tensor) else []
     dtype = str(reference.dtype).removeprefix("torch.") if isinstance(reference, torch.Tensor) else type(reference).__name__
-    report.append(TensorParity(what, name, shape, dtype, stats))
+    report.append(TensorParity(what, name, shape, dtype, stats, step))
 
 
 def _compare_state(
     eager_model: torch.nn.Module, compiled_model: torch.nn.Module, args_e: tuple, args_c: tuple, inputs: Sequence[Any],
-    rtol: float, atol: float, report: list[TensorParity],
+    rtol: float, atol: float, report: list[TensorParity], step: int = 1,
 ) -> None:
     """Gradients of parameters and of inputs, buffers after the step, and inputs the step mutated."""
     params_c = dict(compiled_model.named_parameters())
     for name, p_e in eager_model.named_parameters():
         p_c = params_c.get(name)
-        _tensors(report, "grad", name, p_e.grad, None if p_c is None else p_c.grad, rtol, atol)
+        _tensors(report, "grad", name, p_e.grad, None if p_c is None else p_c.grad, rtol, atol, step)
     for i, (x_e, x_c) in enumerate(zip(args_e, args_c)):
         if isinstance(x_e, torch.Tensor) and x_e.requires_grad:
-            _tensors(report, "input grad", f"input {i}", x_e.grad, x_c.grad, rtol, atol)
+            _tensors(report, "input grad", f"input {i}", x_e.grad, x_c.grad, rtol, atol, step)
     buffers_c = dict(compiled_model.named_buffers())
     for name, b_e in eager_model.named_buffers():
-        _tensors(report, "buffer", name, b_e, buffers_c.get(name), rtol, atol)
+        _tensors(report, "buffer", name, b_e, buffers_c.get(name), rtol, atol, step)
     for i, (x_e, x_c, x) in enumerate(zip(args_e, args_c, inputs)):
         if isinstance(x, torch.Tensor) and not (
             torch.equal(x_e.detach(), x.detach()) and torch.equal(x_c.detach(), x.detach())
         ):
-            _tensors(report, "mutated input", f"input {i}", x_e.detach(), x_c.detach(), rtol, atol)
+            _tensors(report, "mutated input", f"input {i}", x_e.detach(), x_c.detach(), rtol, atol, step)
 
 
 def _partition_inputs(fallback: FallbackGraph, inputs: Sequence[Any]) -> dict[str, list[Any]]:
@@ -150,14 +153,15 @@ def _load_model(dump_dir: pathlib.Path, name: str) -> onnx.ModelProto:
 
 
 def _graph_runs(
-    recorded: _Recorded, dump_dir: pathlib.Path, options: Options, notes: list[str]
+    recorded: _Recorded, step: int, models: Callable[[str], onnx.ModelProto], options: Options, notes: list[str],
 ) -> list[OnnxRun]:
-    """Each ONNX model a recorded graph ran, run again with its intermediates exposed."""
+    """Each ONNX model a recorded graph ran in ``step`` (``models(name)``), run again with its intermediates
+    exposed."""
     runner = recorded.runner
     if isinstance(runner, OrtGraph):
-        graphs = [(runner, recorded.inputs)]
+        graphs = [(runner, recorded.calls[step])]
     elif isinstance(runner, FallbackGraph):
-        inputs = _partition_inputs(runner, recorded.inputs)
+        inputs = _partition_inputs(runner, recorded.calls[step])
         graphs = [(g, inputs[g.name]) for g in runner.subgraphs if g.name in inputs]
         for g in runner.subgraphs:
             if g.name not in inputs:
@@ -170,11 +174,63 @@ def _graph_runs(
     for graph, inputs in graphs:
         if graph.session is None:
             continue
-        model = _load_model(dump_dir, graph.name)
+        model = models(graph.name)
         values = run_intermediates(model, graph.signature.inputs, inputs, wanted=wanted, name=graph.name,
                                    kind=graph.kind, device=graph.device, options=options)
-        runs.append(OnnxRun(graph.name, model, values, order=recorded.order))
+        runs.append(OnnxRun(graph.name, model, values, order=recorded.orders[step]))
     return runs
+
+
+class _NodeComparison:
+    """Every compiled graph of a compare() with the inputs of its calls and the ONNX models it ran: what the
+    node by node comparison needs, and all it needs to be made again (``ParityReport.recompare``)."""
+
+    def __init__(self, recorded: list[_Recorded], dump_dir: pathlib.Path, options: Options, rtol: float,
+                 atol: float) -> None:
+        self.recorded, self.dump_dir, self.options, self.rtol, self.atol = recorded, dump_dir, options, rtol, atol
+        self.models: dict[str, onnx.ModelProto] = {}
+
+    def model(self, name: str) -> onnx.ModelProto:
+        if name not in self.models:
+            self.models[name] = _load_model(self.dump_dir, name)
+        return self.models[name]
+
+    def graphs(self, step: int, notes: list[str], progress: Progress = None,
+               transform: Callable[[str, onnx.ModelProto], onnx.ModelProto] | None = None,
+               only: Collection[str] | None = None) -> list[GraphParity]:
+        """The graphs that ran in ``step`` (``only`` those with an ONNX model of these names), compared node by
+        node; ``transform(name, model)`` changes the ONNX model of graph ``name`` first (a copy)."""
+        def models(name: str) -> onnx.ModelProto:
+            return self.model(name) if transform is None else transform(name, self.model(name))
+
+        def names(r: _Recorded) -> set[str]:
+            runner = r.runner
+            return {g.name for g in runner.subgraphs} if isinstance(runner, FallbackGraph) else {getattr(runner, "name", "")}
+
+        found = []
+        for r in sorted((r for r in self.recorded if step in r.calls), key=lambda r: r.orders[step]):
+            if only is not None and not names(r) & set(only):
+                continue
+            runs = _graph_runs(r, step, models, self.options, notes)
+            if not runs:
+                continue
+            whole = runs[0].name if len(runs) == 1 else _whole_name(runs)
+            _say(progress, f"    {whole} ({r.kind}): {sum(1 for n in r.graph.graph.nodes if n.op == 'call_function')} "
+                           f"FX nodes in {len(runs)} ONNX model(s)")
+            for graph in analyse(r.graph, r.calls[step], runs, kind=r.kind, whole=whole, rtol=self.rtol, atol=self.atol):
+                graph.step = step
+                found.append(graph)
+        return found
+
+    def keep(self) -> None:
+        """Reads every model the graphs ran into memory (the dump directory may go)."""
+        for name in (p.stem for p in self.dump_dir.glob("*.onnx")):
+            self.model(name)
+
+    def again(self, transform: Callable[[str, onnx.ModelProto], onnx.ModelProto],
+              only: Collection[str] | None = None) -> list[GraphParity]:
+        steps = sorted({step for r in self.recorded for step in r.calls})
+        return [g for step in steps for g in self.graphs(step, [], transform=transform, only=only)]
 
 
 @contextlib.contextmanager
@@ -187,6 +243,34 @@ def _dump_dir(options: dict[str, Any]) -> Iterator[pathlib.Path]:
         yield pathlib.Path(directory)
 
 
+def _per_step(value: Any, step: int) -> Any:
+    """``value(step)`` for a function of the step (0-based), else ``value``."""
+    return value(step) if callable(value) and not isinstance(value, torch.nn.Module) else value
+
+
+def _arguments(inputs: Any) -> tuple:
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def _compare_optimizer(
+    eager_model: torch.nn.Module, compiled_model: torch.nn.Module, opt_e: torch.optim.Optimizer,
+    opt_c: torch.optim.Optimizer, rtol: float, atol: float, report: list[TensorParity], step: int,
+) -> None:
+    """The parameters after the optimizer's step, and its state (momentum, moments, step counts)."""
+    params_c = dict(compiled_model.named_parameters())
+    names_e = {id(p): name for name, p in eager_model.named_parameters()}
+    for name, p_e in eager_model.named_parameters():
+        _tensors(report, "parameter", name, p_e.detach(), params_c[name].detach() if name in params_c else None,
+                 rtol, atol, step)
+    for p_e, state_e in opt_e.state.items():
+        name = names_e.get(id(p_e))
+        state_c = opt_c.state.get(params_c.get(name)) if name in params_c else None
+        for key, value in state_e.items():
+            other = state_c.get(key) if state_c is not None else None
+            if isinstance(value, torch.Tensor) or isinstance(other, torch.Tensor):
+                _tensors(report, "optimizer state", f"{name}: {key}", value, other, rtol, atol, step)
+
+
 def compare(
     model: torch.nn.Module,
     inputs: Any,
@@ -197,87 +281,134 @@ def compare(
     rtol: float = 1e-4,
     atol: float = 1e-5,
     seed: int = 0,
+    steps: int = 1,
+    optimizer: Callable[[Any], torch.optim.Optimizer] | None = None,
+    compile_optimizer: bool = False,
+    keep_graphs: bool = False,
     progress: Progress = None,
 ) -> ParityReport:
-    """One training step of ``model`` in eager PyTorch and through ``torch.compile(backend="aot2onnx")``,
-    each on its own deep copy (``model`` itself is not touched), compared tensor by tensor and node by node.
+    """``steps`` training steps of ``model`` in eager PyTorch and through ``torch.compile(backend="aot2onnx")``,
+    each on its own deep copy (``model`` itself is not touched), compared tensor by tensor and node by node at
+    every step.
 
     Args:
         model: The module.
-        inputs: Its positional arguments: a tuple, or one tensor. Tensors that require grad get gradients.
-        loss_fn: ``loss_fn(output)``, or ``loss_fn(output, targets)`` with ``targets``; its result is
-            differentiated. Without it, every floating-point output that requires grad is differentiated
-            with fixed random cotangents.
+        inputs: Its positional arguments: a tuple, or one tensor; or a function ``step -> arguments`` (steps
+            count from 0). Tensors that require grad get gradients.
+        loss_fn: ``loss_fn(output)``, or ``loss_fn(output, targets)`` with ``targets`` (or ``targets(step)``
+            for a function); its result is differentiated. Without it, every floating-point output that
+            requires grad is differentiated with fixed random cotangents.
         options: aot2onnx options (``aot2onnx.Options`` or a mapping, as ``torch.compile(options=...)``
             takes); the cache is off whatever they say, since graphs must be compiled to be seen.
-        rtol, atol: ``|compiled - eager| <= atol + rtol * |eager|``, for every tensor and every node (a node's
-            own error also gets the slack ``aot2onnx.tools.parity.errors.SLACK_ULPS`` describes).
-        seed: ``torch.manual_seed`` before each side's step.
+        rtol, atol: ``|compiled - eager| <= atol + rtol * |eager|``, for every tensor; a node's own error is
+            within ``rtol * |eager| + slack`` (no atol: a node's values may be far below the outputs'; the slack
+            is the rounding ``aot2onnx.tools.parity.errors.SLACK_ULPS`` and ``NOISE_FACTOR`` describe).
+        seed: ``torch.manual_seed(seed + step)`` before each side's step.
+        steps: Training steps. Each side keeps its own state from step to step (parameters, buffers, the
+            optimizer's momentum and moments), as training does, so a difference that only shows once the
+            optimizer has moved the weights, or once its state exists, is seen at the step it appears.
+        optimizer: ``params -> torch.optim.Optimizer``, one per side, stepped after each backward (and the
+            gradients zeroed before it); its parameters and state are compared after every step. Default: SGD
+            with lr=0.1 where ``steps`` > 1, none for one step (the gradients are compared, not the update).
+        compile_optimizer: Compile the compiled side's ``optimizer.step`` through aot2onnx too: its graphs
+            are compared node by node, as kind "optimizer".
+        keep_graphs: Keep the compiled graphs, the inputs of their calls and their ONNX models (and sessions)
+            with the report, so that ``report.recompare(transform)`` compares them node by node again with
+            their models transformed, without training again (``aot2onnx.tools.parity.faults`` plants faults
+            so).
         progress: Called with a line of text per stage.
 
     Resets Dynamo (``torch.compiler.reset()``) first, as a fresh compilation is what is observed: other
     compiled models of the process compile again on their next call. Random ops (dropout) draw other numbers
     on ONNX Runtime than in PyTorch: compare models in a state without them (``model.eval()`` or p=0).
+    ``report.first_parting()`` says at which step and in which graph the two sides first part.
     """
     rtol, atol = float(rtol), float(atol)
-    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    if optimizer is None and (steps > 1 or compile_optimizer):
+        def optimizer(params: Any) -> torch.optim.Optimizer:
+            return torch.optim.SGD(params, lr=0.1)
     opts = _options(options)
     opts["cache"] = False
     started = time.perf_counter()
     tensors: list[TensorParity] = []
     notes: list[str] = []
+    graphs: list[GraphParity] = []
     with _dump_dir(opts) as dump_dir:
         compile_options = Options.from_mapping(opts)
         eager_model, compiled_model = copy.deepcopy(model), copy.deepcopy(model)
-        args_e, args_c = _copies(args), _copies(args)
-        _say(progress, "[1/4] eager step")
-        out_e, loss_e = _step(eager_model, args_e, loss_fn, targets, seed)
-
-        _say(progress, "[2/4] compiled step (capturing, lowering, running on ONNX Runtime)")
+        opt_e = optimizer(eager_model.parameters()) if optimizer is not None else None
+        opt_c = optimizer(compiled_model.parameters()) if optimizer is not None else None
         recorded: list[_Recorded] = []
         order = itertools.count()
+        current = [1]  # the step in progress, which _Recorded reads
+        phase = ["model"]
 
         def observe(kind: GraphKind, graph: torch.fx.GraphModule, runner: Callable) -> Callable:
-            recorded.append(_Recorded(kind, graph, runner, order))
+            label = "optimizer" if phase[0] == "optimizer" else kind.value
+            recorded.append(_Recorded(label, graph, runner, order, current))
             return recorded[-1]
 
         torch.compiler.reset()
         compiled = torch.compile(compiled_model, backend=backend(**opts))
-        with observing(observe), warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            out_c, loss_c = _step(compiled, args_c, loss_fn, targets, seed)
-        torch.compiler.reset()  # the compiled copy is not kept: nothing of it stays in Dynamo's caches
-        for w in caught:  # aot2onnx's own (what fell back to PyTorch, and why) go into the report
-            if str(w.message).startswith("aot2onnx"):
-                notes.append(str(w.message))
-            else:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        step_c = torch.compile(opt_c.step, backend=backend(**opts)) if opt_c is not None and compile_optimizer else (
+            opt_c.step if opt_c is not None else None)
+        nodes = _NodeComparison(recorded, dump_dir, compile_options, rtol, atol)
+        for step in range(1, steps + 1):
+            tag = f"step {step}/{steps}: " if steps > 1 else ""
+            args = _arguments(_per_step(inputs, step - 1))
+            step_targets = _per_step(targets, step - 1)
+            args_e, args_c = _copies(args), _copies(args)
+            _say(progress, f"[1/4] {tag}eager step")
+            if opt_e is not None:
+                opt_e.zero_grad(set_to_none=True)
+            out_e, loss_e = _step(eager_model, args_e, loss_fn, step_targets, seed + step - 1)
+            if opt_e is not None:
+                opt_e.step()
 
-        if loss_fn is not None:
-            _tensors(tensors, "loss", "loss", loss_e, loss_c, rtol, atol)
-        if len(out_e) != len(out_c):
-            notes.append(f"the compiled model returned {len(out_c)} tensors, eager {len(out_e)}")
-        for i, (o_e, o_c) in enumerate(zip(out_e, out_c)):
-            _tensors(tensors, "output", f"output {i}", o_e.detach(), o_c.detach(), rtol, atol)
-        _compare_state(eager_model, compiled_model, args_e, args_c, args, rtol, atol, tensors)
+            _say(progress, f"[2/4] {tag}compiled step (capturing, lowering, running on ONNX Runtime)")
+            current[0] = step
+            with observing(observe), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if opt_c is not None:
+                    opt_c.zero_grad(set_to_none=True)
+                out_c, loss_c = _step(compiled, args_c, loss_fn, step_targets, seed + step - 1)
+                if step_c is not None:
+                    phase[0] = "optimizer"
+                    try:
+                        step_c()
+                    finally:
+                        phase[0] = "model"
+            for w in caught:  # aot2onnx's own (what fell back to PyTorch, and why) go into the report
+                if str(w.message).startswith("aot2onnx"):
+                    notes.append(tag + str(w.message))
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
-        ran = [r for r in recorded if r.inputs is not None]
-        if not recorded:
-            notes.append("no graph was compiled (Dynamo ran everything in eager PyTorch): nothing to compare node by node")
-        _say(progress, f"[3/4] comparing {len(ran)} compiled graph(s) node by node")
-        graphs = []
-        for r in sorted(ran, key=lambda r: r.order):
-            runs = _graph_runs(r, dump_dir, compile_options, notes)
-            if not runs:
-                continue
-            whole = runs[0].name if len(runs) == 1 else _whole_name(runs)
-            _say(progress, f"    {whole} ({r.kind}): {sum(1 for n in r.graph.graph.nodes if n.op == 'call_function')} "
-                           f"FX nodes in {len(runs)} ONNX model(s)")
-            graphs += analyse(r.graph, r.inputs, runs, kind=r.kind.value, whole=whole, rtol=rtol, atol=atol)
+            if loss_fn is not None:
+                _tensors(tensors, "loss", "loss", loss_e, loss_c, rtol, atol, step)
+            if len(out_e) != len(out_c):
+                notes.append(f"{tag}the compiled model returned {len(out_c)} tensors, eager {len(out_e)}")
+            for i, (o_e, o_c) in enumerate(zip(out_e, out_c)):
+                _tensors(tensors, "output", f"output {i}", o_e.detach(), o_c.detach(), rtol, atol, step)
+            _compare_state(eager_model, compiled_model, args_e, args_c, args, rtol, atol, tensors, step)
+            if opt_e is not None and opt_c is not None:
+                _compare_optimizer(eager_model, compiled_model, opt_e, opt_c, rtol, atol, tensors, step)
+
+            if not recorded:
+                notes.append(f"{tag}no graph was compiled (Dynamo ran everything in eager PyTorch): nothing to "
+                             "compare node by node")
+            _say(progress, f"[3/4] {tag}comparing {sum(step in r.calls for r in recorded)} compiled graph(s) node by node")
+            graphs += nodes.graphs(step, notes, progress)
         for r in recorded:
-            if r.inputs is None:
-                notes.append(f"a {r.kind} graph was compiled but not run in the step: not compared")
-    report = ParityReport(rtol, atol, tensors, graphs, notes, time.perf_counter() - started)
+            if not r.calls:
+                notes.append(f"a {r.kind} graph was compiled but not run: not compared")
+        torch.compiler.reset()  # the compiled copies are not kept: nothing of them stays in Dynamo's caches
+        if keep_graphs:
+            nodes.keep()
+    report = ParityReport(rtol, atol, tensors, graphs, notes, time.perf_counter() - started, steps=steps,
+                          recompare=nodes.again if keep_graphs else None)
     _say(progress, f"[4/4] {report.summary_line()}")
     return report
 
