@@ -107,7 +107,9 @@ def test_a_wrong_forward_rule_is_named_at_its_source_line_and_not_blamed_downstr
 def test_the_pages_lead_with_the_verdict_and_the_first_divergent_node_and_rows_show_their_tolerance(tmp_path):
     torch.manual_seed(0)
     aot2onnx.register_lowering(aten.gelu.default)(_gelu_off)
-    report = aot2onnx.parity.compare(_GeluMLP(), (_x(6, 8),))
+    # Standard operators only: the fused kernels' exact tanh gradient leaves no ok row with the large relative
+    # error of a tiny element that this page must not show as a failure.
+    report = aot2onnx.parity.compare(_GeluMLP(), (_x(6, 8),), options={"fused_kernels": False})
     report.save(tmp_path)
     md = (tmp_path / "report.md").read_text().splitlines()
     assert md[2].startswith("**Parity NOT ok: ") and "1 divergent node(s)" in md[2]
