@@ -35,7 +35,8 @@ import torch
 from onnx import helper, numpy_helper
 
 from aot2onnx.lower import translate
-from aot2onnx.lower.registry import default_registry
+from aot2onnx.lower.registry import default_registry, fused_registry
+from aot2onnx.runtime import fused
 from aot2onnx.tools.parity.errors import ErrorStats
 from aot2onnx.tools.parity.nodes import NodeParity
 from aot2onnx.tools.parity.report import ParityReport
@@ -104,7 +105,9 @@ def _overload(target: str) -> torch._ops.OpOverload | None:
 
 def _origin(target: str, opset: int) -> str:
     overload = _overload(target)
-    rule = default_registry().lookup(overload, opset)[0] if overload is not None else None
+    # The compile backend's CPU graphs lower with the fused kernels' rules where they are built.
+    registry = fused_registry() if fused.library() is not None else default_registry()
+    rule = registry.lookup(overload, opset)[0] if overload is not None else None
     return rule.origin if rule is not None else "?"
 
 
