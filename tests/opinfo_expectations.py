@@ -24,7 +24,7 @@ import torch_behaviour
 
 from aot2onnx.tools import coverage
 
-__all__ = ["CRASHES", "OUTCOMES", "Entry", "XFail", "ENTRIES", "entry", "xfail", "tolerance"]
+__all__ = ["CRASHES", "OUTCOMES", "Entry", "XFail", "ENTRIES", "NEWER_OPINFOS", "entry", "xfail", "tolerance"]
 
 CRASHES = ("dynamo", "capture", "unsupported", "lowering", "ort", "error")
 OUTCOMES = ("pass", "mismatch", "eager", *CRASHES)
@@ -225,7 +225,9 @@ ENTRIES: dict[str, Entry] = _table([
     *[(name, entry(xfail("dynamo", _SPARSE))) for name in ("sparse.mm.reduce", "sparse.sampled_addmm", "to_sparse")],
     ("resize_", entry(xfail("dynamo", "Dynamo does not trace Tensor.resize_"))),
     ("resize_as_", entry(xfail("dynamo", "Dynamo does not trace torch.resize_as_"))),
-    ("bucketize", entry(xfail("capture", "AOTAutograd specializes a data-dependent size (GuardOnDataDependentSymNode)"))),
+    # torch 2.14 captures it (no smaller probe than the sweep's own capture shows the difference)
+    ("bucketize", entry(xfail("capture", "AOTAutograd specializes a data-dependent size (GuardOnDataDependentSymNode)",
+                              when=lambda: torch_behaviour.torch_before("2.14")))),
     # --- Ties: which index of equal values eager returns is unspecified (ATen's std::nth_element and
     # partial_sort); integer samples have many. The values match; the indices point at equal values.
     # 16-bit samples tie too: topk and mode send a tied value's gradient elsewhere (mode's 3000-element sample
@@ -282,6 +284,15 @@ ENTRIES: dict[str, Entry] = _table([
         "nn.functional.linear_cross_entropy.chunked", "nn.functional.linear_cross_entropy.chunked_none",
     )],
     ("nonzero_static", entry(xfail("unsupported", "no lowering for nonzero_static"))),
+    ("combinations", entry(xfail("unsupported", "no lowering for nonzero_static, which torch 2.14's combinations "
+                                                "is traced through", when=torch_behaviour.combinations_decomposes_to_nonzero_static))),
+    # OpInfos of torch releases after the locked one (NEWER_OPINFOS)
+    ("linalg.matrix_sqrth", entry(xfail("unsupported", "no lowering for linalg_matrix_sqrth (new in torch 2.14)"))),
+    ("linalg.polar", entry(xfail("unsupported", "no lowering for linalg_polar (new in torch 2.14)"))),
+    ("torch.ops.aten._scaled_dot_product_flash_attention_for_cpu", entry(xfail(
+        "ort", "torch_lib's rule returns a logsumexp of another shape ([4, 3, 32] for [4, 4, 3]) where the query is "
+               "shorter than the key (this OpInfo's sample, new in torch 2.14; the same call fails on torch 2.13); "
+               "SDPA itself is traced through its math formulation and does not reach it"))),
     *[(name, entry(xfail("dynamo", "torch 2.11's Dynamo stops at quantile (\"Data dependent operator\"); torch "
                                    "2.12 on traces it", when=lambda: not torch_behaviour.dynamo_traces_quantile())))
       for name in ("quantile", "nanquantile")],
@@ -305,3 +316,8 @@ ENTRIES: dict[str, Entry] = _table([
                          kind="bwd", opsets=_NEWER, when=torch_behaviour.cumprod_backward_takes_an_int64_relu)))
       for name in ("cumprod", "masked.cumprod")],
 ])
+
+# Entries for OpInfos that only torch releases after requirements.lock's have (test_expectations_name_opinfos).
+NEWER_OPINFOS = frozenset({
+    "linalg.matrix_sqrth", "linalg.polar", "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
+})

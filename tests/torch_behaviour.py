@@ -24,7 +24,9 @@ __all__ = [
     "cumprod_backward_takes_an_int64_relu",
     "dynamo_traces_quantile",
     "gelu_overflows",
+    "combinations_decomposes_to_nonzero_static",
     "on_locked_torch",
+    "torch_before",
 ]
 
 _LOCK = pathlib.Path(__file__).resolve().parents[1] / "requirements.lock"
@@ -34,6 +36,13 @@ LOCKED_TORCH = re.search(r"^torch==(\S+)$", _LOCK.read_text(), re.MULTILINE).gro
 def on_locked_torch() -> bool:
     """Whether this is the torch release requirements.lock pins (its build label aside)."""
     return torch.__version__.split("+", 1)[0] == LOCKED_TORCH
+
+
+def torch_before(release: str) -> bool:
+    """Whether this torch is older than ``release``: only where no smaller probe shows the difference."""
+    from packaging.version import Version
+
+    return Version(torch.__version__.split("+", 1)[0]) < Version(release)
 
 
 def gelu_overflows() -> bool:
@@ -97,3 +106,10 @@ def aot_autograd_recompiles_for_new_floats() -> bool:
         compiled(torch.full((3, 2), value)).sum().backward()
     torch._dynamo.reset()
     return counters["stats"]["unique_graphs"] - before > 3  # the graph before the break, the one after it twice
+
+
+@functools.cache
+def combinations_decomposes_to_nonzero_static() -> bool:
+    """torch.combinations traced through nonzero_static (torch 2.14), which aot2onnx has no lowering for."""
+    graph = make_fx(lambda x: torch.combinations(x, 2), tracing_mode="fake")(torch.ones(4)).graph
+    return any(n.op == "call_function" and str(n.target) == "aten.nonzero_static.default" for n in graph.nodes)
