@@ -447,7 +447,7 @@ class OrtGraph:
         self.float32_nodes = 0  # low-precision nodes computed in float32, having no kernel (precision.py)
         self.fused_kernels = False  # whether the graph runs nodes of aot2onnx's fused kernels (runtime/fused.py)
         self._cuda = device.type == "cuda" and options.providers is None
-        self._op_types = cuda.graph_op_types(model)
+        self._op_types = cuda.graph_op_types(model) if self._cuda else frozenset()  # what TF32 concerns
         self._precision = cuda.precision_settings() if self._cuda else None
         self.tf32 = self._cuda and cuda.tf32_allowed(self._op_types, self._precision)
         self._graphed: cuda.GraphedRuns | None = None
@@ -456,10 +456,11 @@ class OrtGraph:
         self._run_options: Any = None  # ONNX Runtime's RunOptions for a plain run (None: the defaults)
         if self._onnx_outputs or self._mutations or self._checks:
             try:
-                providers = providers_for(device, options)
                 if self._cuda:
                     self.cuda_graph_refusal = self._cuda_graph_refusal(model, options)
                     providers = self._cuda_providers()
+                else:
+                    providers = providers_for(device, options)
                 if options.graph_optimization_level in ("layout", "all") and providers == ["CPUExecutionProvider"]:
                     # ONNX Runtime's layout level would move these to its blocked layout itself, were
                     # their weights constants (see nchwc.py).
