@@ -25,6 +25,8 @@ from aot2onnx.runtime import cuda, fused
 from aot2onnx.runtime.inplace import writable_in_place
 from aot2onnx.runtime.nchwc import DOMAIN as NCHWC
 from aot2onnx.runtime.nchwc import rewrite_convolutions
+from aot2onnx.runtime.one_call import OneCallRun
+from aot2onnx.runtime.one_call import refusal as one_call_refusal
 from aot2onnx.runtime.precision import compute_in_float
 from aot2onnx.signature import (
     CHECK_LINALG,
@@ -324,10 +326,10 @@ class _TimedRun:
         self.ort_run = ort_run
         self.seconds = 0.0
 
-    def __call__(self, binding: Any, run_options: Any) -> None:
+    def __call__(self, *args: Any) -> None:
         start = time.perf_counter()
         try:
-            self.ort_run(binding, run_options)
+            self.ort_run(*args)
         finally:
             self.seconds += time.perf_counter() - start
 
@@ -454,6 +456,11 @@ class OrtGraph:
         self._stream: torch.cuda.Stream | None = None  # a graphed session's own (cuda.GraphedRuns)
         self.cuda_graph_refusal: str | None = None  # why the graph is not replayed as a CUDA graph
         self._run_options: Any = None  # ONNX Runtime's RunOptions for a plain run (None: the defaults)
+        # The run in one call (runtime.one_call) where the graph allows it, else the IOBinding below; the
+        # input shapes of its last run (a change has the outputs' shapes checked).
+        self._one_call: OneCallRun | None = None
+        self.one_call_refusal: str | None = "the graph has nothing to compute"
+        self._one_call_shapes: list[torch.Size] | None = None
         if self._onnx_outputs or self._mutations or self._checks:
             try:
                 if self._cuda:
@@ -472,6 +479,9 @@ class OrtGraph:
                 if providers == ["CPUExecutionProvider"]:
                     # CUDA's provider runs kernels on a stream, in the same order; kept to copies until tested.
                     self._in_place = writable_in_place(model, signature)
+                self.one_call_refusal = one_call_refusal(model, device, providers, self._in_place)
+                if self.one_call_refusal is None:
+                    self._one_call = OneCallRun(signature, [name for name, _ in self._output_dims])
                 model_bytes = model.SerializeToString()
                 disabled = _disabled_optimizers(model)
                 self.fused_kernels = uses_fused_kernels(model)
@@ -661,6 +671,8 @@ class OrtGraph:
         return outputs
 
     def _run(self, args: Sequence[Any], ort_run: Callable[[Any, Any], None]) -> list[torch.Tensor]:
+        if self._one_call is not None:
+            return self._run_in_one_call(args, ort_run)
         graphed = self._graphed
         if graphed is not None and graphed.stopped is None:
             replayed = self._replay(graphed, args, ort_run)
@@ -732,11 +744,44 @@ class OrtGraph:
             else:
                 results = [torch.from_dlpack(values[i]) for i in range(len(values))]
             if new_shapes:
-                self._check_shapes(results)
+                self._check_shapes(results, {name: bound[1] for name, bound in self._bound.items()})
             for index, position in copied:
                 args[index].detach().copy_(results[position])
             checked = results[len(self._onnx_outputs) + len(self._mutations):]
             del results[len(self._onnx_outputs):]
+        return self._finish(results, checked)
+
+    def _run_in_one_call(self, args: Sequence[Any], ort_run: Callable[..., None]) -> list[torch.Tensor]:
+        """The run with every input and output handed over in one call (``runtime.one_call``)."""
+        one_call = self._one_call
+        assert one_call is not None
+        tensors = one_call.tensors(args, self.name)
+        with self._lock:
+            sess_run = self._session._sess.run_with_ortvaluevector
+            timed = _TimedRun(sess_run) if isinstance(ort_run, _TimedRun) else None
+            try:
+                results = one_call.run(sess_run if timed is None else timed, tensors)
+            except KeyError as e:
+                raise RuntimeSessionError(f"graph {self.name!r}: ONNX Runtime cannot take {e.args[0]} tensors") from e
+            except Exception as e:
+                raise RuntimeSessionError(f"ONNX Runtime failed running graph {self.name!r}: {e}") from e
+            finally:
+                if timed is not None:
+                    ort_run.seconds += timed.seconds
+            self.runs += 1
+            shapes = [t.shape for t in tensors]
+            if shapes != self._one_call_shapes:
+                self._check_shapes(results, dict(zip(one_call.names, shapes)))
+                self._one_call_shapes = shapes
+            returned = len(self._onnx_outputs)
+            for k, spec in enumerate(self._mutations):
+                args[spec.index].detach().copy_(results[returned + k])
+            checked = results[returned + len(self._mutations):]
+            del results[returned:]
+        return self._finish(results, checked)
+
+    def _finish(self, results: list[torch.Tensor], checked: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """A run's returned outputs, after its checks raised eager's error where ATen would have."""
         for check, value in zip(self._checks, checked):
             # where eager raises: ATen's own linalg check and message, or an IndexError for a negative index
             _raise_if_failed(check.kind, check.api_name, value, check.is_matrix)
@@ -810,7 +855,7 @@ class OrtGraph:
 
         graphed.setup(tensors, bind_input, bind_output)
 
-    def _check_shapes(self, results: Sequence[torch.Tensor]) -> None:
+    def _check_shapes(self, results: Sequence[torch.Tensor], input_shapes: dict[str, Sequence[int]]) -> None:
         """Raises where an output's shape is not the one the graph declares (FX's: the ATen op's). ONNX Runtime
         only logs that, and a tensor of another shape would go on into the caller's code, where broadcasting
         can turn it into wrong numbers without an error. Run on a graph's first call and whenever an input's
@@ -818,9 +863,9 @@ class OrtGraph:
         same size). A mismatch is a lowering rule's bug."""
         sizes: dict[str, int] = {}
         for name, dims in self._input_dims.items():
-            bound = self._bound.get(name)
-            if dims is not None and bound is not None:
-                for dim, size in zip(dims, bound[1]):
+            shape = input_shapes.get(name)
+            if dims is not None and shape is not None:
+                for dim, size in zip(dims, shape):
                     if isinstance(dim, str):
                         sizes.setdefault(dim, size)
         for (name, dims), result in zip(self._output_dims, results):
