@@ -25,9 +25,8 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-from torch.utils.dlpack import from_dlpack as _from_capsule
-
 from onnxruntime.capi import _pybind_state as _C
+from torch.utils.dlpack import from_dlpack as _from_capsule
 
 from aot2onnx.errors import RuntimeSessionError
 from aot2onnx.signature import GraphSignature, InputKind
