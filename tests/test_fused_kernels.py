@@ -81,7 +81,43 @@ CASES = [
     ("layer_norm_input_only", "LayerNormBackward", [torch.float32, torch.float64],
      lambda d, s: (lambda g, x, m, r: aten.native_layer_norm_backward(g, x, [16], m, r, None, None, [True, False, False])[0],
                    _values(d, s, 0), *_layer_norm_args(d, s, False)[:3])),
+    ("batch_norm_training", "BatchNormTraining", [torch.float32, torch.float64],
+     lambda d, s: (lambda x, w, b, rm, rv: aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5),
+                   *_batch_norm_args(d, s))),
+    ("batch_norm_training_no_affine", "BatchNormTraining", [torch.float32, torch.float64],
+     lambda d, s: (lambda x, rm, rv: aten._native_batch_norm_legit_functional(x, None, None, rm, rv, True, 0.3, 1e-3),
+                   *(_batch_norm_args(d, s)[i] for i in (0, 3, 4)))),
+    ("batch_norm_backward", "BatchNormBackward", [torch.float32, torch.float64],
+     lambda d, s: (lambda g, x, w, sm, si: aten.native_batch_norm_backward(g, x, w, None, None, sm, si, True, 1e-5,
+                                                                           [True, True, True]),
+                   _values(d, s, 0, (6, 5, 4, 4)), *_batch_norm_saved(d, s, True))),
+    ("batch_norm_backward_no_affine", "BatchNormBackward", [torch.float32, torch.float64],
+     lambda d, s: (lambda g, x, sm, si: aten.native_batch_norm_backward(g, x, None, None, None, sm, si, True, 1e-5,
+                                                                        [True, False, False])[0],
+                   _values(d, s, 0, (6, 5, 4, 4)), *(_batch_norm_saved(d, s, False)[i] for i in (0, 2, 3)))),
+    ("batch_norm_backward_eval", "BatchNormBackward", [torch.float32, torch.float64],
+     lambda d, s: (lambda g, x, w, rm, rv: aten.native_batch_norm_backward(g, x, w, rm, rv, None, None, False, 1e-5,
+                                                                           [True, True, True]),
+                   _values(d, s, 0, (6, 5, 4, 4)), *_batch_norm_args(d, s)[:2], *_batch_norm_args(d, s)[3:])),
 ]
+
+
+def _batch_norm_args(dtype: torch.dtype, special: bool):
+    """(input, weight, bias, running_mean, running_var) of a batch norm over 5 channels."""
+    x = _values(dtype, special, 1, (6, 5, 4, 4))
+    if special:
+        x[1, 2, 0, 0], x[2, 3, 1, 1] = NAN, INF
+    w, b = _values(dtype, False, 2, (5,)), _values(dtype, False, 3, (5,))
+    rm, rv = _values(dtype, False, 4, (5,)), _values(dtype, False, 5, (5,)).abs() + 0.5
+    return x, w, b, rm, rv
+
+
+def _batch_norm_saved(dtype: torch.dtype, special: bool, affine: bool):
+    """(input, weight, save_mean, save_invstd) of a batch norm in training, from ATen's forward."""
+    x, w, b, rm, rv = _batch_norm_args(dtype, special)
+    _, sm, si, _, _ = aten._native_batch_norm_legit_functional(x, w if affine else None, b if affine else None,
+                                                               rm, rv, True, 0.1, 1e-5)
+    return x, w if affine else None, sm, si
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -113,6 +149,8 @@ TRAINING = [
     ("softmax", lambda x, w: torch.softmax(x * w, -1), "SoftmaxBackward"),
     ("log_softmax", lambda x, w: torch.log_softmax(x * w, -1), "LogSoftmaxBackward"),
     ("layer_norm", lambda x, w: F.layer_norm(x, (16,), w, w * 0.5), "LayerNormBackward"),
+    ("batch_norm", lambda x, w: F.batch_norm(x, torch.zeros(5), torch.ones(5), w[:5], w[5:10], training=True),
+     "BatchNormBackward"),
 ]
 
 

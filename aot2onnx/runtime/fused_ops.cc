@@ -21,6 +21,8 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/hardswish_backward.h>
+#include <ATen/ops/_native_batch_norm_legit.h>
+#include <ATen/ops/native_batch_norm_backward.h>
 #include <ATen/ops/native_layer_norm_backward.h>
 #include <ATen/ops/sigmoid_backward.h>
 #include <ATen/ops/silu_backward.h>
@@ -267,6 +269,65 @@ struct LayerNormBackward : FusedOp<LayerNormBackward, LayerNormBackwardKernel> {
   static constexpr std::array<size_t, 3> kLike{1, 4, 5};
 };
 
+// --- batch norm in training: (input, running_mean, running_var, weight?, bias?) ->
+//     (output, save_mean, save_invstd, new running_mean, new running_var) --------------------------------------
+
+struct BatchNormTrainingKernel {
+  explicit BatchNormTrainingKernel(const Ort::ConstKernelInfo& info)
+      : momentum_(ExactFloat(info, "momentum")), eps_(ExactFloat(info, "eps")) {}
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    at::Tensor input = Required(ctx, 0), running_mean = Required(ctx, 1), running_var = Required(ctx, 2);
+    std::optional<at::Tensor> weight = Input(ctx, 3), bias = Input(ctx, 4);
+    at::Tensor out = Output(ctx, 0, input), save_mean = Output(ctx, 1, running_mean),
+               save_invstd = Output(ctx, 2, running_mean), new_mean = Output(ctx, 3, running_mean),
+               new_var = Output(ctx, 4, running_var);
+    // The graph is functional: the running statistics are updated on copies, which are the new values,
+    // by ATen's kernel as eager updates the module's buffers.
+    new_mean.copy_(running_mean);
+    new_var.copy_(running_var);
+    at::_native_batch_norm_legit_out(out, save_mean, save_invstd, input, weight, bias, new_mean, new_var, true,
+                                     momentum_, eps_);
+  }
+  double momentum_, eps_;
+};
+struct BatchNormTraining : FusedOp<BatchNormTraining, BatchNormTrainingKernel> {
+  static constexpr const char* kName = "BatchNormTraining";
+  static constexpr size_t kInputs = 5, kRequired = 3;
+  static constexpr std::array<size_t, 5> kLike{0, 1, 1, 1, 2};
+};
+
+// --- batch norm's backward: (grad_out, input, weight?, running_mean?, running_var?, save_mean?, save_invstd?) ->
+//     (grad_input, grad_weight, grad_bias); the last two only with a weight ---------------------------------------
+
+struct BatchNormBackwardKernel {
+  explicit BatchNormBackwardKernel(const Ort::ConstKernelInfo& info)
+      : train_(info.GetAttribute<int64_t>("train") != 0), eps_(ExactFloat(info, "eps")) {}
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    at::Tensor grad = Required(ctx, 0), input = Required(ctx, 1);
+    std::optional<at::Tensor> weight = Input(ctx, 2), running_mean = Input(ctx, 3), running_var = Input(ctx, 4),
+                              save_mean = Input(ctx, 5), save_invstd = Input(ctx, 6);
+    at::Tensor grad_input = Output(ctx, 0, input);
+    if (weight) {
+      at::Tensor grad_weight = Output(ctx, 1, *weight), grad_bias = Output(ctx, 2, *weight);
+      at::native_batch_norm_backward_out(grad_input, grad_weight, grad_bias, grad, input, weight, running_mean,
+                                         running_var, save_mean, save_invstd, train_, eps_, {true, true, true});
+      return;
+    }
+    auto [gi, gw, gb] = at::native_batch_norm_backward(grad, input, weight, running_mean, running_var, save_mean,
+                                                       save_invstd, train_, eps_, {true, false, false});
+    grad_input.copy_(gi);
+  }
+  bool train_;
+  double eps_;
+};
+struct BatchNormBackward : FusedOp<BatchNormBackward, BatchNormBackwardKernel> {
+  static constexpr const char* kName = "BatchNormBackward";
+  static constexpr size_t kInputs = 7, kRequired = 2;
+  static constexpr std::array<size_t, 3> kLike{1, 2, 2};
+};
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
@@ -280,10 +341,13 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static SoftmaxBackward softmax;
   static LogSoftmaxBackward log_softmax;
   static LayerNormBackward layer_norm;
+  static BatchNormTraining batch_norm;
+  static BatchNormBackward batch_norm_backward;
   static Ort::CustomOpDomain domain{kDomain};
   static bool added = [] {
     for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&threshold, &gelu, &hardswish, &silu, &tanh_op, &sigmoid,
-                                                               &softmax, &log_softmax, &layer_norm}) {
+                                                               &softmax, &log_softmax, &layer_norm, &batch_norm,
+                                                               &batch_norm_backward}) {
       domain.Add(op);
     }
     return true;

@@ -134,3 +134,41 @@ def aten_native_layer_norm_backward(grad_out, input, normalized_shape, mean, rst
     grad_bias = next(outputs) if bias is not None else None
     return (grad_input if output_mask[0] else None, grad_weight if output_mask[1] else None,
             grad_bias if output_mask[2] else None)
+
+
+def _float32_or_64(op_type: str, *values: ir.Value | None) -> None:
+    """Refuses (to the standard rule) a node whose tensors are not all float32 or all float64: ATen keeps a
+    16-bit batch norm's statistics in another dtype than its input's."""
+    dtypes = {v.dtype for v in values if v is not None}
+    if dtypes not in ({ir.DataType.FLOAT}, {ir.DataType.DOUBLE}):
+        raise _NotFused(f"the fused {op_type} takes float32 or float64 tensors of one dtype")
+
+
+@_or_standard(aten._native_batch_norm_legit_functional.default)
+def aten__native_batch_norm_legit_functional(
+    input, weight=None, bias=None, running_mean=None, running_var=None, training: bool = False,
+    momentum: float = 0.1, eps: float = 1e-5,
+):
+    """_native_batch_norm_legit_functional(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor, Tensor running_mean_out, Tensor running_var_out)"""
+    if not training:
+        raise _NotFused("the fused BatchNormTraining normalizes with the batch's statistics (training=True)")
+    _float32_or_64("BatchNormTraining", input, weight, bias, running_mean, running_var)
+    # Python floats travel exactly, as float.hex() (an ONNX float attribute is float32).
+    return tuple(_fused("BatchNormTraining", [input, running_mean, running_var, weight, bias], num_outputs=5,
+                        momentum=float(momentum).hex(), eps=float(eps).hex()))
+
+
+@_or_standard(aten.native_batch_norm_backward.default)
+def aten_native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd,
+                                    train: bool, eps: float, output_mask):
+    """native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor? running_mean, Tensor? running_var, Tensor? save_mean, Tensor? save_invstd, bool train, float eps, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"""
+    if weight is None and (output_mask[1] or output_mask[2]):
+        raise _NotFused("the fused BatchNormBackward computes a weight's and a bias's gradient only with a weight")
+    _float32_or_64("BatchNormBackward", grad_out, input, weight, running_mean, running_var, save_mean, save_invstd)
+    # Every gradient the kernel has an output for is computed (ATen's values do not depend on the mask).
+    outputs = _fused("BatchNormBackward", [grad_out, input, weight, running_mean, running_var, save_mean, save_invstd],
+                     num_outputs=1 if weight is None else 3, train=int(bool(train)), eps=float(eps).hex())
+    grad_input = outputs[0] if output_mask[0] else None
+    if weight is None:
+        return grad_input, None, None
+    return grad_input, outputs[1] if output_mask[1] else None, outputs[2] if output_mask[2] else None
