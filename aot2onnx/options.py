@@ -33,8 +33,10 @@ class Options:
             "Threads per graph").
         inter_op_num_threads: ONNX Runtime's inter-op thread count.
         graph_optimization_level: One of ``disable``, ``basic``, ``extended``, ``layout``, ``all``.
-        allow_spinning: Whether ONNX Runtime's idle intra-op threads spin. Off by default: spinning
-            threads hold the cores while torch runs the epilogue and the optimizer between sessions.
+        allow_spinning: Whether ONNX Runtime's idle intra-op threads spin waiting for the next operator.
+            ``False``: they sleep, and each operator wakes them. ``"run"``: they spin while a run is going and
+            stop when it returns (ONNX Runtime's ``session.force_spinning_stop``), so they never hold the cores
+            while torch runs the epilogue and the optimizer between runs. ``True``: they spin after runs too.
         partitioner: ``min_cut`` (AOTAutograd's rematerialising min-cut partitioner) or ``default``
             (save every intermediate the backward needs).
         dump_dir: Where every lowered model is written; defaults to ``$AOT2ONNX_DUMP_DIR``.
@@ -61,7 +63,7 @@ class Options:
     intra_op_num_threads: int = 0
     inter_op_num_threads: int = 1
     graph_optimization_level: str = "all"
-    allow_spinning: bool = False
+    allow_spinning: bool | str = False
     partitioner: str = "min_cut"
     dump_dir: str | None = None
     check_model: bool = True
@@ -90,6 +92,8 @@ class Options:
             raise ValueError(f"partitioner must be one of {PARTITIONERS}, got {self.partitioner!r}")
         if self.cuda_memory not in CUDA_MEMORY:
             raise ValueError(f"cuda_memory must be one of {CUDA_MEMORY}, got {self.cuda_memory!r}")
+        if self.allow_spinning not in (False, True, "run"):
+            raise ValueError(f"allow_spinning must be False, True or \"run\", got {self.allow_spinning!r}")
         if self.intra_op_num_threads < 0 or self.inter_op_num_threads < 0:
             raise ValueError("thread counts must be >= 0")
         if self.dump_dir is None and os.environ.get("AOT2ONNX_DUMP_DIR"):

@@ -235,7 +235,7 @@ def test_suites_and_levers_options():
 def test_levers_and_optimizers_are_well_formed():
     assert [lever.name for lever in timing.LEVERS] == [
         "compiled-optimizer", "compiled-optimizer-momentum", "compiled-optimizer-adamw", "no-thread-trial",
-        "one-thread", "no-fused-kernels"]
+        "one-thread", "spin-during-runs", "no-fused-kernels"]
     for lever in timing.LEVERS:
         # options aot2onnx knows, with valid values (torch's thread count put in, as the runner does)
         Options.from_mapping({k: 2 if v == timing.TORCH_THREADS else v for k, v in lever.options.items()})

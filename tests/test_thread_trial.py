@@ -111,3 +111,23 @@ def test_no_trial_for_a_profiled_session(two_threads, tmp_path):
     assert len(graphs) == 2 and all(g.thread_trial is None and g.intra_op_threads == 2 for g in graphs)
     for g in graphs:
         g.session.end_profiling()
+
+
+def test_spinning_during_runs_only(two_threads):
+    """allow_spinning="run": the pool's threads spin between a run's operators and stop when it returns
+    (ONNX Runtime's force_spinning_stop), read back from the session; training matches eager."""
+    aot2onnx.reset_compiled_graphs()
+    eager_model = _model()
+    compiled_model = copy.deepcopy(eager_model)
+    eager = _train(eager_model, eager_model, 4)
+    compiled = _train(compiled_model, torch.compile(compiled_model, backend="aot2onnx",
+                                                    options={"allow_spinning": "run"}), 4)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    graphs = [g for g in aot2onnx.compiled_graphs() if g.session is not None]
+    assert graphs
+    for g in graphs:
+        so = g.session.get_session_options()
+        assert so.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+        assert so.get_session_config_entry("session.force_spinning_stop") == "1"
+    with pytest.raises(ValueError, match="allow_spinning"):
+        aot2onnx.Options(allow_spinning="sometimes")

@@ -174,8 +174,12 @@ def session_options(options: Options, intra_op_threads: int | None = None, *,
     so.intra_op_num_threads = intra_op_threads or options.intra_op_num_threads or torch.get_num_threads()
     so.inter_op_num_threads = options.inter_op_num_threads
     so.graph_optimization_level = _OPT_LEVELS[options.graph_optimization_level]
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning else "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "1" if options.allow_spinning else "0")
+    spinning = "1" if options.allow_spinning else "0"
+    so.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+    so.add_session_config_entry("session.inter_op.allow_spinning", spinning)
+    if options.allow_spinning == "run":
+        # The pool's threads spin between a run's operators and stop when the run returns.
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     _share_cpu_arena()
     so.add_session_config_entry("session.use_env_allocators", "1")
     # No memory pattern: with one, a session takes one block sized for its planned peak on every run, on top

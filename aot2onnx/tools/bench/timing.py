@@ -75,6 +75,9 @@ LEVERS = (
           "(the default measures one against it on each graph's first calls)",
           {"intra_op_num_threads": TORCH_THREADS}),
     Lever("one-thread", "ONNX Runtime sessions on one intra-op thread", {"intra_op_num_threads": 1}),
+    Lever("spin-during-runs", "ONNX Runtime's intra-op threads spin between a run's operators and stop when it "
+          "returns (allow_spinning=\"run\"; the default lets them sleep, each operator waking them)",
+          {"allow_spinning": "run"}),
     Lever("no-fused-kernels", "standard ONNX operators only: without aot2onnx's fused training kernels (ATen's "
           "backward kernels as ONNX Runtime custom ops, the default where they are built)", {"fused_kernels": False}),
 )
