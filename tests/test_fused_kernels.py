@@ -99,7 +99,22 @@ CASES = [
      lambda d, s: (lambda g, x, w, rm, rv: aten.native_batch_norm_backward(g, x, w, rm, rv, None, None, False, 1e-5,
                                                                            [True, True, True]),
                    _values(d, s, 0, (6, 5, 4, 4)), *_batch_norm_args(d, s)[:2], *_batch_norm_args(d, s)[3:])),
+    ("group_norm_backward", "GroupNormBackward", [torch.float32, torch.float64],
+     lambda d, s: (lambda g, x, m, r, w: aten.native_group_norm_backward(g, x, m, r, w, 6, 6, 8, 3, [True, True, True]),
+                   _values(d, s, 0, (6, 6, 8)), *_group_norm_args(d, s, True))),
+    ("group_norm_backward_no_affine", "GroupNormBackward", [torch.float32, torch.float64],
+     lambda d, s: (lambda g, x, m, r: aten.native_group_norm_backward(g, x, m, r, None, 6, 6, 8, 3,
+                                                                      [True, False, False])[0],
+                   _values(d, s, 0, (6, 6, 8)), *_group_norm_args(d, s, False)[:3])),
 ]
+
+
+def _group_norm_args(dtype: torch.dtype, special: bool, affine: bool):
+    """(input, mean, rstd, weight) of a group norm of 6 channels in 3 groups, from ATen's forward."""
+    x = _values(dtype, special, 1, (6, 6, 8))
+    w = _values(dtype, False, 2, (6,)) if affine else None
+    _, mean, rstd = aten.native_group_norm(x, w, None, 6, 6, 8, 3, 1e-5)
+    return x, mean, rstd, w
 
 
 def _batch_norm_args(dtype: torch.dtype, special: bool):
@@ -149,6 +164,8 @@ TRAINING = [
     ("softmax", lambda x, w: torch.softmax(x * w, -1), "SoftmaxBackward"),
     ("log_softmax", lambda x, w: torch.log_softmax(x * w, -1), "LogSoftmaxBackward"),
     ("layer_norm", lambda x, w: F.layer_norm(x, (16,), w, w * 0.5), "LayerNormBackward"),
+    ("group_norm", lambda x, w: F.group_norm(x.reshape(6, 4, 20), 2, w[:4], w[4:8]).reshape(x.shape),
+     "GroupNormBackward"),
     ("batch_norm", lambda x, w: F.batch_norm(x, torch.zeros(5), torch.ones(5), w[:5], w[5:10], training=True),
      "BatchNormBackward"),
 ]

@@ -39,6 +39,16 @@ def _layer_norm(grad_out: Any, input: Any, normalized_shape: Any, mean: Any, rst
     )
 
 
+def _group_norm(grad_out: Any, input: Any, mean: Any, rstd: Any, weight: Any, N: Any, C: Any, HxW: Any, group: int,
+                output_mask: Any) -> bool:
+    return (
+        isinstance(input, torch.Tensor) and input.dtype in (torch.float32, torch.float64)
+        and _one_float_dtype(grad_out, input, mean, rstd, weight)
+        and all(isinstance(v, int) for v in (N, C, HxW, group))
+        and (weight is not None or not (output_mask[1] or output_mask[2]))
+    )
+
+
 # Per op: whether the fused kernel takes the call (its arguments as AOTAutograd traces them).
 FUSED_WHEN: dict[torch._ops.OpOverload, Callable[..., bool]] = {
     aten.threshold_backward.default: _elementwise,
@@ -50,4 +60,5 @@ FUSED_WHEN: dict[torch._ops.OpOverload, Callable[..., bool]] = {
     aten._softmax_backward_data.default: _softmax,
     aten._log_softmax_backward_data.default: _softmax,
     aten.native_layer_norm_backward.default: _layer_norm,
+    aten.native_group_norm_backward.default: _group_norm,
 }

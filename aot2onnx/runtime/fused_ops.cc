@@ -23,6 +23,7 @@
 #include <ATen/ops/hardswish_backward.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
 #include <ATen/ops/native_batch_norm_backward.h>
+#include <ATen/ops/native_group_norm_backward.h>
 #include <ATen/ops/native_layer_norm_backward.h>
 #include <ATen/ops/sigmoid_backward.h>
 #include <ATen/ops/silu_backward.h>
@@ -328,6 +329,36 @@ struct BatchNormBackward : FusedOp<BatchNormBackward, BatchNormBackwardKernel> {
   static constexpr std::array<size_t, 3> kLike{1, 2, 2};
 };
 
+// --- group norm's backward: (grad_out, input, mean, rstd, weight?) -> (grad_input, grad_weight, grad_bias); the
+//     last two only with a weight ------------------------------------------------------------------------------
+
+struct GroupNormBackwardKernel {
+  explicit GroupNormBackwardKernel(const Ort::ConstKernelInfo& info)
+      : n_(info.GetAttribute<int64_t>("N")), c_(info.GetAttribute<int64_t>("C")),
+        hxw_(info.GetAttribute<int64_t>("HxW")), group_(info.GetAttribute<int64_t>("group")) {}
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    at::Tensor grad = Required(ctx, 0), input = Required(ctx, 1), mean = Required(ctx, 2), rstd = Required(ctx, 3);
+    std::optional<at::Tensor> weight = Input(ctx, 4);
+    at::Tensor grad_input = Output(ctx, 0, input);
+    if (weight) {
+      at::Tensor grad_weight = Output(ctx, 1, *weight), grad_bias = Output(ctx, 2, *weight);
+      at::native_group_norm_backward_out(grad_input, grad_weight, grad_bias, grad, input, mean, rstd, weight, n_, c_,
+                                         hxw_, group_, {true, true, true});
+      return;
+    }
+    auto [gi, gw, gb] = at::native_group_norm_backward(grad, input, mean, rstd, weight, n_, c_, hxw_, group_,
+                                                       {true, false, false});
+    grad_input.copy_(gi);
+  }
+  int64_t n_, c_, hxw_, group_;
+};
+struct GroupNormBackward : FusedOp<GroupNormBackward, GroupNormBackwardKernel> {
+  static constexpr const char* kName = "GroupNormBackward";
+  static constexpr size_t kInputs = 5, kRequired = 4;
+  static constexpr std::array<size_t, 3> kLike{1, 4, 4};
+};
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
@@ -343,11 +374,12 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static LayerNormBackward layer_norm;
   static BatchNormTraining batch_norm;
   static BatchNormBackward batch_norm_backward;
+  static GroupNormBackward group_norm_backward;
   static Ort::CustomOpDomain domain{kDomain};
   static bool added = [] {
     for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&threshold, &gelu, &hardswish, &silu, &tanh_op, &sigmoid,
                                                                &softmax, &log_softmax, &layer_norm, &batch_norm,
-                                                               &batch_norm_backward}) {
+                                                               &batch_norm_backward, &group_norm_backward}) {
       domain.Add(op);
     }
     return true;

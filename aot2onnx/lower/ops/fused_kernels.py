@@ -172,3 +172,20 @@ def aten_native_batch_norm_backward(grad_out, input, weight, running_mean, runni
     if weight is None:
         return grad_input, None, None
     return grad_input, outputs[1] if output_mask[1] else None, outputs[2] if output_mask[2] else None
+
+
+@_or_standard(aten.native_group_norm_backward.default)
+def aten_native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group: int, output_mask):
+    """native_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"""
+    # Kept whole only where the kernel takes it (lower/fusable.py): without it, AOTAutograd decomposes the op.
+    if not all(isinstance(v, int) for v in (N, C, HxW, group)):
+        raise _NotFused("the fused GroupNormBackward takes plain sizes")
+    if weight is None and (output_mask[1] or output_mask[2]):
+        raise _NotFused("the fused GroupNormBackward computes a weight's and a bias's gradient only with a weight")
+    _float32_or_64("GroupNormBackward", grad_out, input, mean, rstd, weight)
+    outputs = _fused("GroupNormBackward", [grad_out, input, mean, rstd, weight], num_outputs=1 if weight is None else 3,
+                     N=int(N), C=int(C), HxW=int(HxW), group=int(group))
+    grad_input = outputs[0] if output_mask[0] else None
+    if weight is None:
+        return grad_input, None, None
+    return grad_input, outputs[1] if output_mask[1] else None, outputs[2] if output_mask[2] else None
