@@ -17,7 +17,7 @@ import onnx
 import torch
 import torch.fx
 
-from aot2onnx.capture import GraphKind, capture, decomposition_table, lowerable_names
+from aot2onnx.capture import GraphKind, capture
 from aot2onnx.compile.cache import (
     CachedGraph,
     GraphCache,
@@ -31,7 +31,7 @@ from aot2onnx.compile.cache import (
 from aot2onnx.compile.fallback import FallbackGraph, blamed_nodes, split_unsupported, unsupported_targets
 from aot2onnx.compile.graph_breaks import install as install_graph_break_notes
 from aot2onnx.compile.graph_breaks import mark_backend
-from aot2onnx.errors import LoweringError, RuntimeSessionError, UnsupportedOpError
+from aot2onnx.errors import LoweringError, RuntimeSessionError, UnsupportedOpError, source_line
 from aot2onnx.lower.fusable import FUSED_WHEN
 from aot2onnx.lower.registry import Registry, default_registry, fused_registry, user_rules
 from aot2onnx.lower.seeds import reseed
@@ -140,12 +140,15 @@ def _decompositions(opset: int, cache: GraphCache | None, with_fused: bool) -> M
 
         def build() -> dict:
             key = environment_key("lowerable ops", *memo_key)
+            from aot2onnx.lower.plan import decompositions, lowerable_ops
+
             names = cache.load_json(key) if cache is not None else None
             if names is None:
-                names = lowerable_names(default_registry(), opset)
+                names = lowerable_ops(default_registry(), opset)
                 if cache is not None:
                     cache.store_json(key, names)
-            return decomposition_table(names, FUSED_WHEN if with_fused else None)
+            return decompositions(default_registry(), opset, lowerable=names,
+                                  kept_when=FUSED_WHEN if with_fused else None)
 
         _decomposition_tables[memo_key] = _TableOnFirstUse(build)
     return _decomposition_tables[memo_key]
@@ -455,11 +458,11 @@ def _raise_torch_refusal(
         else:
             return
     # The kernel's message first, as eager PyTorch gives it; then where it was, and what failed without it.
-    stack = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
+    where = source_line(node.meta.get("stack_trace"))
     message = (
         f"{refused}\n  This is PyTorch's error for {node.format_node()}, as eager PyTorch raises it: tracing with "
         "fake tensors does not make this check."
-        + (f"\n  At {stack[-2]}: {stack[-1]}" if len(stack) >= 2 else "")
+        + (f"\n  At {where}" if where else "")
         + f"\n  Without it, aot2onnx failed with: {(str(error).splitlines() or [type(error).__name__])[0]}"
     )
     try:

@@ -19,18 +19,29 @@ import collections
 import copy
 import dataclasses
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.fx
 
+from aot2onnx.capture import decomposition_table, lowerable_names
 from aot2onnx.errors import user_source_line
 from aot2onnx.lower.dispatch import dispatch, is_complex_node, is_passthrough_getitem
 from aot2onnx.lower.registry import Registry, Rule
 from aot2onnx.options import BASE_OPSET
 
-__all__ = ["CANONICAL", "GraphPlan", "NodePlan", "analyse", "build_opset", "canonicalize", "plan_graph"]
+__all__ = [
+    "CANONICAL",
+    "GraphPlan",
+    "NodePlan",
+    "analyse",
+    "build_opset",
+    "canonicalize",
+    "decompositions",
+    "lowerable_ops",
+    "plan_graph",
+]
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -43,6 +54,26 @@ def build_opset(target_opset: int) -> int:
     if target_opset < BASE_OPSET:
         raise ValueError(f"opset must be >= {BASE_OPSET} (aot2onnx lowers at opset {BASE_OPSET}), got {target_opset}")
     return BASE_OPSET
+
+
+def lowerable_ops(registry: Registry, opset: int) -> list[str]:
+    """The ops ``registry`` has a rule for in a model targeting ``opset`` (chosen at its build opset), by name:
+    what AOTAutograd keeps whole instead of decomposing."""
+    return lowerable_names(registry, build_opset(opset))
+
+
+def decompositions(
+    registry: Registry,
+    opset: int,
+    *,
+    lowerable: list[str] | None = None,
+    kept_when: Mapping[torch._ops.OpOverload, Callable[..., bool]] | None = None,
+) -> dict[torch._ops.OpOverload, Callable]:
+    """The decomposition table AOTAutograd traces with for graphs lowered by ``registry`` to ``opset``: the one
+    answer the compile backend, export, coverage and parity use. ``lowerable``: :func:`lowerable_ops`'s answer
+    where the caller kept it (the backend's disk cache); ``kept_when``: ops kept whole in some calls only (the
+    fused kernels', ``capture.decomposition_table``)."""
+    return decomposition_table(lowerable_ops(registry, opset) if lowerable is None else lowerable, kept_when)
 
 
 # ------------------------------------------------------------------------------------------ canonicalize
