@@ -321,7 +321,9 @@ def _split(plan: GraphPlan, name: str, job: _Job, failure: Exception | None) -> 
     def compile_partition(partition: torch.fx.GraphModule, partition_name: str) -> OrtGraph:
         try:
             start = time.perf_counter()
-            return _compile_whole(partition, partition_name, job, _lookup(partition, job), start)[0]
+            found = _lookup(partition, job)
+            part = plan.part(partition) if found[1] is None else None  # its nodes' decisions, made for the graph
+            return _compile_whole(partition, partition_name, job, found, start, part)[0]
         except (LoweringError, RuntimeSessionError) as e:
             # PyTorch refuses the node ONNX Runtime refused: its error, as eager raises it.
             _raise_torch_refusal(partition, e, blamed_nodes(partition, e))

@@ -224,6 +224,20 @@ class GraphPlan:
     def __getitem__(self, node: torch.fx.Node) -> NodePlan:
         return self.nodes[node.name]
 
+    def part(self, gm: torch.fx.GraphModule) -> GraphPlan | None:
+        """The plan of ``gm``, a graph made of copies of this plan's nodes under their names (a partition of the
+        fallback's split, already canonicalized): the same decisions, not made again. ``None`` where a node of
+        ``gm`` is not one of this plan's."""
+        nodes = {}
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            decision = self.nodes.get(node.name)
+            if decision is None or decision.node.target != node.target:
+                return None
+            nodes[node.name] = dataclasses.replace(decision, node=node)
+        return GraphPlan(gm, self.registry, self.opset, nodes)
+
     def unsupported(self) -> dict[str, list[NodePlan]]:
         """Every op without a usable rule, grouped by target (a pass-through getitem is not an op)."""
         missing: dict[str, list[NodePlan]] = collections.defaultdict(list)

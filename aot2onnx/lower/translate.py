@@ -30,6 +30,7 @@ from aot2onnx.lower import _exporter_compat as exporter
 from aot2onnx.lower.checks import Check, collecting
 from aot2onnx.lower.ops._control import for_device
 from aot2onnx.lower.plan import GraphPlan, NodePlan, build_opset, plan_graph
+from aot2onnx.lower.recorder import Recorder
 from aot2onnx.lower.registry import Registry, default_registry
 from aot2onnx.lower.seeds import seed_random_ops
 from aot2onnx.signature import (
@@ -125,7 +126,7 @@ def _lower_call(
     if kwargs.get("dtype", 0) is None:
         kwargs["dtype"] = -1  # torch_lib's spelling of "no dtype given"
 
-    tracer = exporter.Recorder(opset, constant_farm)
+    tracer = Recorder(opset, constant_farm)
     with onnxscript.evaluator.default_as(tracer):
         try:
             outputs = rule.function(*args, **kwargs)
