@@ -185,3 +185,15 @@ def test_the_plan_records_complex_nodes():
     assert mul.is_complex and mul.complex_output
     real = next(d for d in plan.nodes.values() if d.node.target is aten.view_as_real.default)
     assert real.is_complex and not real.complex_output
+
+
+def test_canonicalize_copies_the_subgraphs_of_higher_order_ops():
+    outer = _traced(lambda x: x + 1, torch.randn(2))
+    inner = _traced(lambda x: x.clamp(0, 1), torch.randn(2))
+    outer.add_submodule("branch", inner)
+    with outer.graph.inserting_before(next(iter(outer.graph.nodes))):
+        outer.graph.get_attr("branch")  # as a higher-order op (cond, with_effects) reads its subgraph
+    before = _graph_text(inner)
+    copied = canonicalize(outer)
+    assert copied.get_submodule("branch") is not inner
+    assert _graph_text(inner) == before

@@ -165,9 +165,15 @@ OWN_PROMOTION = ("aten.std", "aten.std_mean", "aten.var", "aten.var_mean", "aten
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A new GraphModule over a copy of ``gm``'s graph: nodes and their meta dicts are new (the values in
-    them, fake tensors, are shared), names are kept, constants are the same tensors."""
+    them, fake tensors, are shared), names are kept, constants are the same tensors. The subgraphs of
+    higher-order ops (GraphModule attributes) are copied too: the passes rewrite every module they find."""
     copied = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
     copied.meta = dict(getattr(gm, "meta", {}))
+    done: list[str] = []
+    for name, module in list(copied.named_modules()):
+        if name and isinstance(module, torch.fx.GraphModule) and not any(name.startswith(f"{d}.") for d in done):
+            copied.set_submodule(name, _copy(module))
+            done.append(name)
     return copied
 
 
