@@ -7,15 +7,18 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Options", "CUDA_MEMORY", "GRAPH_OPTIMIZATION_LEVELS", "PARTITIONERS"]
+__all__ = ["BASE_OPSET", "DEFAULT_OPSET", "Options", "CUDA_MEMORY", "GRAPH_OPTIMIZATION_LEVELS", "PARTITIONERS"]
 
 GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "layout", "all")
 PARTITIONERS = ("min_cut", "default")
 CUDA_MEMORY = ("session", "shared", "torch")
 
-# The opset torch_lib's rules are written against; a higher target is reached with the version converter
-# after lowering.
-DEFAULT_OPSET = 18
+# The opset every model is built at, the one torch_lib's rules are written against: rules are chosen at it
+# (``lower/plan.py``), and a higher target is reached with the version converter after lowering. The one
+# copy of this number: the runtime's kernel probes, coverage and the lowering read it from here.
+BASE_OPSET = 18
+# The opset models target unless the options say another.
+DEFAULT_OPSET = BASE_OPSET
 
 
 @dataclasses.dataclass(frozen=True)

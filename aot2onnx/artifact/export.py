@@ -38,10 +38,10 @@ import torch.nn as nn
 
 from aot2onnx._version import __version__
 from aot2onnx.artifact.optim import SGD, AdamW, Optimizer, ParamInfo, grad_name, updated_name
-from aot2onnx.capture import decomposition_table, lowerable_names
 from aot2onnx.capture._torch_compat import aot_descriptors as aot_desc
 from aot2onnx.capture.joint import WRAPPER_PREFIX, trace_joint
 from aot2onnx.errors import CaptureError
+from aot2onnx.lower.plan import decompositions
 from aot2onnx.lower.registry import default_registry
 from aot2onnx.lower.translate import lower_graph
 from aot2onnx.options import DEFAULT_OPSET
@@ -203,7 +203,7 @@ def _capture(
 
     joint = trace_joint(
         module, example_inputs, dynamic_batch=dynamic_batch,
-        decompositions=decomposition_table(lowerable_names(registry, opset)),  # the backend's
+        decompositions=decompositions(registry, opset),  # the backend's
         compile_graph=lower, stage=progress.stage,
     )
     dims: dict = {}

@@ -11,13 +11,13 @@ import os
 import pathlib
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import torch
 import torch.fx
 
-from aot2onnx.capture import GraphKind, capture, decomposition_table, lowerable_names
+from aot2onnx.capture import GraphKind, capture
 from aot2onnx.compile.cache import (
     CachedGraph,
     GraphCache,
@@ -31,7 +31,7 @@ from aot2onnx.compile.cache import (
 from aot2onnx.compile.fallback import FallbackGraph, blamed_nodes, split_unsupported, unsupported_targets
 from aot2onnx.compile.graph_breaks import install as install_graph_break_notes
 from aot2onnx.compile.graph_breaks import mark_backend
-from aot2onnx.errors import LoweringError, RuntimeSessionError, UnsupportedOpError
+from aot2onnx.errors import LoweringError, RuntimeSessionError, UnsupportedOpError, source_line
 from aot2onnx.lower.fusable import FUSED_WHEN
 from aot2onnx.lower.registry import Registry, default_registry, fused_registry, user_rules
 from aot2onnx.lower.seeds import reseed
@@ -40,6 +40,9 @@ from aot2onnx.runtime import fused
 from aot2onnx.runtime.kernels import require_runnable
 from aot2onnx.runtime.session import OrtGraph
 from aot2onnx.signature import LoweredGraph
+
+if TYPE_CHECKING:
+    from aot2onnx.lower.plan import GraphPlan
 
 __all__ = ["backend", "aot2onnx_backend", "compile_fx"]
 
@@ -137,12 +140,15 @@ def _decompositions(opset: int, cache: GraphCache | None, with_fused: bool) -> M
 
         def build() -> dict:
             key = environment_key("lowerable ops", *memo_key)
+            from aot2onnx.lower.plan import decompositions, lowerable_ops
+
             names = cache.load_json(key) if cache is not None else None
             if names is None:
-                names = lowerable_names(default_registry(), opset)
+                names = lowerable_ops(default_registry(), opset)
                 if cache is not None:
                     cache.store_json(key, names)
-            return decomposition_table(names, FUSED_WHEN if with_fused else None)
+            return decompositions(default_registry(), opset, lowerable=names,
+                                  kept_when=FUSED_WHEN if with_fused else None)
 
         _decomposition_tables[memo_key] = _TableOnFirstUse(build)
     return _decomposition_tables[memo_key]
@@ -248,18 +254,28 @@ def _compile_graph(graph: torch.fx.GraphModule, name: str, job: _Job) -> tuple[O
         )
         if not options.fallback:
             raise refusal
-        return _split(graph, name, job, refusal), None
+        return _split(_plan(graph, job), name, job, refusal), None
     found = _lookup(graph, job)
-    # Only whole lowerings are stored, so a hit needs neither the registry nor the check for unsupported ops.
-    if found[1] is None and options.fallback and unsupported_targets(graph, job.registry, options.opset):
-        return _split(graph, name, job, None), None
+    # Only whole lowerings are stored, so a hit needs neither the registry nor the plan (``lower/plan.py``).
+    plan = None if found[1] is not None else _plan(graph, job)
+    if plan is not None and options.fallback and unsupported_targets(plan):
+        return _split(plan, name, job, None), None
     try:
-        return _compile_whole(graph, name, job, found, start)
+        return _compile_whole(graph, name, job, found, start, plan)
     except (LoweringError, RuntimeSessionError) as e:
         if not options.fallback or isinstance(e, UnsupportedOpError):
             raise
-        _raise_torch_refusal(graph, e, blamed_nodes(graph, e))
-        return _split(graph, name, job, e), None
+        plan = plan or _plan(graph, job)  # a cached model ONNX Runtime refused: the nodes it names are the plan's
+        _raise_torch_refusal(plan.gm, e, blamed_nodes(plan.gm, e))
+        return _split(plan, name, job, e), None
+
+
+def _plan(graph: torch.fx.GraphModule, job: _Job) -> GraphPlan:
+    """The graph decided once: canonicalized (a copy), each node dispatched once. The whole graph's lowering
+    and the fallback's split both read it."""
+    from aot2onnx.lower.plan import plan_graph
+
+    return plan_graph(graph, job.registry, job.options.opset)
 
 
 def symbolic_input_views(graph: torch.fx.GraphModule) -> list[torch.fx.Node]:
@@ -298,37 +314,39 @@ def _lookup(graph: torch.fx.GraphModule, job: _Job) -> tuple[str | None, CachedG
     return key, job.cache.load(key)
 
 
-def _split(graph: torch.fx.GraphModule, name: str, job: _Job, failure: Exception | None) -> FallbackGraph:
-    """``graph`` split around what ONNX Runtime cannot run: its nodes without a lowering, and, where lowering or
-    starting the whole graph failed with ``failure``, the nodes that error names."""
+def _split(plan: GraphPlan, name: str, job: _Job, failure: Exception | None) -> FallbackGraph:
+    """The plan's graph split around what ONNX Runtime cannot run: its nodes without a lowering, and, where
+    lowering or starting the whole graph failed with ``failure``, the nodes that error names."""
 
     def compile_partition(partition: torch.fx.GraphModule, partition_name: str) -> OrtGraph:
         try:
             start = time.perf_counter()
-            return _compile_whole(partition, partition_name, job, _lookup(partition, job), start)[0]
+            found = _lookup(partition, job)
+            part = plan.part(partition) if found[1] is None else None  # its nodes' decisions, made for the graph
+            return _compile_whole(partition, partition_name, job, found, start, part)[0]
         except (LoweringError, RuntimeSessionError) as e:
             # PyTorch refuses the node ONNX Runtime refused: its error, as eager raises it.
             _raise_torch_refusal(partition, e, blamed_nodes(partition, e))
             raise  # the fallback runs the partition's nodes in PyTorch
 
-    return split_unsupported(
-        graph, name=name, registry=job.registry, opset=job.options.opset, compile_partition=compile_partition,
-        failure=failure,
-    )
+    return split_unsupported(plan, name=name, compile_partition=compile_partition, failure=failure)
 
 
 def _compile_whole(
-    graph: torch.fx.GraphModule, name: str, job: _Job, found: tuple[str | None, CachedGraph | None], start: float
+    graph: torch.fx.GraphModule, name: str, job: _Job, found: tuple[str | None, CachedGraph | None], start: float,
+    plan: GraphPlan | None = None,
 ) -> tuple[OrtGraph, str | None]:
     """The graph lowered whole (or loaded from the cache: ``found`` is :func:`_lookup`'s answer) and its
-    session, with its key where the cache holds it; raises where the lowering or the session fails."""
+    session, with its key where the cache holds it; raises where the lowering or the session fails. ``plan``:
+    the graph's plan where the caller made it (else the lowering makes it)."""
     options, cache = job.options, job.cache
     key, cached = found
     if cached is not None:
         return _start_cached(cached, name, job, start, "cache hit"), key
     from aot2onnx.lower.translate import lower_graph
 
-    lowered = lower_graph(graph, name=name, opset=options.opset, registry=job.registry, device_type=job.device.type)
+    lowered = lower_graph(graph, name=name, opset=options.opset, registry=job.registry, device_type=job.device.type,
+                          plan=plan)
     if options.check_model:
         try:
             onnx.checker.check_model(lowered.model)
@@ -442,11 +460,11 @@ def _raise_torch_refusal(
         else:
             return
     # The kernel's message first, as eager PyTorch gives it; then where it was, and what failed without it.
-    stack = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
+    where = source_line(node.meta.get("stack_trace"))
     message = (
         f"{refused}\n  This is PyTorch's error for {node.format_node()}, as eager PyTorch raises it: tracing with "
         "fake tensors does not make this check."
-        + (f"\n  At {stack[-2]}: {stack[-1]}" if len(stack) >= 2 else "")
+        + (f"\n  At {where}" if where else "")
         + f"\n  Without it, aot2onnx failed with: {(str(error).splitlines() or [type(error).__name__])[0]}"
     )
     try:

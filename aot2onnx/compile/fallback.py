@@ -22,7 +22,7 @@ import re
 import warnings
 import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
@@ -30,8 +30,9 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from aot2onnx.errors import LoweringError, RuntimeSessionError
-from aot2onnx.lower.dispatch import dispatch, is_complex_node
-from aot2onnx.lower.registry import Registry
+
+if TYPE_CHECKING:
+    from aot2onnx.lower.plan import GraphPlan
 
 __all__ = [
     "FallbackGraph",
@@ -57,9 +58,11 @@ def reset_fallback_graphs() -> None:
 
 
 class _Lowerable(OperatorSupportBase):
-    def __init__(self, registry: Registry, opset: int, refused: Collection[str] = ()) -> None:
-        self._registry = registry
-        self._opset = opset
+    """The plan's decisions as the partitioner asks for them: a node lowers where the plan found it a rule. The
+    partitioner also asks about the nodes of a partition being split again, copies with the same names."""
+
+    def __init__(self, plan: GraphPlan, refused: Collection[str] = ()) -> None:
+        self._plan = plan
         self._refused = frozenset(refused)  # names of nodes whose lowering or session failed: PyTorch runs them
 
     def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: torch.fx.Node) -> bool:
@@ -68,26 +71,23 @@ class _Lowerable(OperatorSupportBase):
         if node.target is operator.getitem:
             source = node.args[0]
             return isinstance(source, torch.fx.Node) and self.is_node_supported(submodules, source)
-        if is_complex_node(node) or _complex_value(node.meta.get("val")):
+        decision = self._plan.nodes.get(node.name)
+        if decision is None or decision.node.target != node.target:
+            return False
+        if decision.is_complex or decision.complex_output:
             # A partition's inputs and outputs are handed over as they are, and ONNX has no complex type (a
             # lowered graph carries complex values as real [..., 2] tensors): such nodes stay in PyTorch.
             return False
-        rule, _ = dispatch(node, self._registry, self._opset)
-        return rule is not None
+        return decision.rule is not None
 
 
-def _complex_value(val: Any) -> bool:
-    if isinstance(val, (list, tuple)):
-        return any(_complex_value(v) for v in val)
-    return isinstance(val, torch.Tensor) and val.is_complex()
-
-
-def unsupported_targets(gm: torch.fx.GraphModule, registry: Registry, opset: int) -> collections.Counter:
-    """How many nodes of each target have no lowering (empty when the whole graph lowers)."""
-    support = _Lowerable(registry, opset)
+def unsupported_targets(plan: GraphPlan) -> collections.Counter:
+    """How many nodes of each target of the plan's graph run in PyTorch for want of a lowering (empty when the
+    whole graph lowers)."""
+    support = _Lowerable(plan)
     return collections.Counter(
         str(node.target)
-        for node in gm.graph.nodes
+        for node in plan.gm.graph.nodes
         if node.op == "call_function" and node.target is not operator.getitem and not support.is_node_supported({}, node)
     )
 
@@ -260,31 +260,31 @@ _SHOWN = 4  # refusals the warning spells out
 
 
 def split_unsupported(
-    gm: torch.fx.GraphModule,
+    plan: GraphPlan,
     *,
     name: str,
-    registry: Registry,
-    opset: int,
     compile_partition: Callable[[torch.fx.GraphModule, str], Callable],
     failure: Exception | None = None,
 ) -> FallbackGraph:
-    """Splits ``gm`` into lowerable partitions, each compiled by ``compile_partition(module, name)``.
+    """Splits the plan's graph ``plan.gm`` (canonicalized) into lowerable partitions, each compiled by
+    ``compile_partition(module, name)``.
 
-    Nodes without a lowering run in PyTorch. ``failure``: the error with which compiling ``gm`` whole
+    Nodes the plan found no rule for, or complex, run in PyTorch. ``failure``: the error with which compiling ``gm`` whole
     failed; the nodes it names run in PyTorch too (all of them, where it names none). A partition whose
     compilation fails with a ``LoweringError`` or ``RuntimeSessionError`` is split again without the nodes
     the error names, or run in PyTorch whole. Warns once, naming what runs in PyTorch and why.
     """
+    gm = plan.gm
     refused: list[torch.fx.Node] = []
     refusals = []
     if failure is not None:
         refused = refused_nodes(gm, failure) or _calls(gm)
         refusals.append(Refusal(name, _describe(refused), _first_line(failure)))
-    unlowered = unsupported_targets(gm, registry, opset)  # before the split, which rewrites gm in place
+    unlowered = unsupported_targets(plan)  # before the split, which rewrites gm in place
     subgraphs: list[Any] = []
     in_torch: list[torch.fx.Node] = []
     split = _split(
-        gm, name, lambda names: _Lowerable(registry, opset, names), {n.name for n in refused}, compile_partition,
+        gm, name, lambda names: _Lowerable(plan, names), {n.name for n in refused}, compile_partition,
         subgraphs, in_torch, refusals,
     )
     fallen_back = collections.Counter(str(n.target) for n in in_torch)

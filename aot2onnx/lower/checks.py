@@ -14,20 +14,29 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from aot2onnx.signature import CHECK_LINALG, CHECK_NEGATIVE_INDEX
 
-__all__ = ["CHECK_LINALG", "CHECK_NEGATIVE_INDEX", "collecting", "runtime_check"]
+__all__ = ["CHECK_LINALG", "CHECK_NEGATIVE_INDEX", "Check", "collecting", "runtime_check"]
 
-_PENDING: contextvars.ContextVar[list[tuple[Any, str, str, bool]] | None] = contextvars.ContextVar(
-    "aot2onnx_checks", default=None)
+
+class Check(NamedTuple):
+    """One check a rule asked for: the graph returns ``value`` and the runtime checks it after each run."""
+
+    value: Any  # the ONNX value (onnx_ir) that decides the error
+    kind: str  # CHECK_LINALG or CHECK_NEGATIVE_INDEX
+    api_name: str  # the name the error gives (``linalg.inv``)
+    is_matrix: bool  # _linalg_check_errors' argument
+
+
+_PENDING: contextvars.ContextVar[list[Check] | None] = contextvars.ContextVar("aot2onnx_checks", default=None)
 
 
 @contextlib.contextmanager
-def collecting() -> Iterator[list[tuple[Any, str, str, bool]]]:
-    """Collects the checks the rules ask for while a graph is lowered: (ONNX value, kind, op name, is_matrix)."""
-    checks: list[tuple[Any, str, str, bool]] = []
+def collecting() -> Iterator[list[Check]]:
+    """Collects the checks the rules ask for while a graph is lowered."""
+    checks: list[Check] = []
     token = _PENDING.set(checks)
     try:
         yield checks
@@ -41,4 +50,4 @@ def runtime_check(value: Any, kind: str, api_name: str, is_matrix: bool = True) 
     there is no graph to return it from: ignored."""
     checks = _PENDING.get()
     if checks is not None:
-        checks.append((value, kind, api_name, is_matrix))
+        checks.append(Check(value, kind, api_name, is_matrix))

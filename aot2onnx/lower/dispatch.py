@@ -1,5 +1,5 @@
-"""Which rule lowers an FX node, or why none does: the one answer that lowering, the fallback's split,
-export and coverage all ask for."""
+"""Which rule lowers an FX node, or why none does. ``lower/plan.analyse`` asks it once per node of a graph;
+lowering, the fallback's split and the unsupported-op report read that plan instead of asking again."""
 
 from __future__ import annotations
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from aot2onnx.options import BASE_OPSET
+
 __all__ = [
     "Origin",
     "Registry",
@@ -44,7 +46,7 @@ class Origin:
 class Rule:
     target: Target
     function: Callable[..., Any]
-    opset_introduced: int = 18
+    opset_introduced: int = BASE_OPSET
     origin: str = Origin.PROJECT
     is_complex: bool = False
 
@@ -133,7 +135,7 @@ def _decorator(
     return decorate
 
 
-def project_rule(target: Target, *, opset: int = 18, is_complex: bool = False) -> Callable[[Callable], Callable]:
+def project_rule(target: Target, *, opset: int = BASE_OPSET, is_complex: bool = False) -> Callable[[Callable], Callable]:
     """Decorator for the rules in ``aot2onnx.lower.ops``; a second rule for one overload is an error.
 
     ``is_complex``: the rule is for complex inputs, which reach it as torch_lib represents them (a real tensor
@@ -145,7 +147,7 @@ def project_rule(target: Target, *, opset: int = 18, is_complex: bool = False) -
 def fused_rule(target: Target) -> Callable[[Callable], Callable]:
     """Decorator for the rules that lower an op to one of aot2onnx's fused kernels (``runtime/fused_ops.cc``):
     they are in :func:`fused_registry` only, which the compile backend uses where the kernels are built."""
-    return _decorator(target, 18, Origin.FUSED, _FUSED_RULES)
+    return _decorator(target, BASE_OPSET, Origin.FUSED, _FUSED_RULES)
 
 
 def _clear_registries() -> None:
@@ -181,7 +183,7 @@ def scoped_lowerings() -> Iterator[None]:
             _clear_registries()
 
 
-def register_lowering(target: Target, *, opset: int = 18, override: bool = False) -> Callable[[Callable], Callable]:
+def register_lowering(target: Target, *, opset: int = BASE_OPSET, override: bool = False) -> Callable[[Callable], Callable]:
     """Registers a user lowering for ``target`` (an ``OpOverload``, e.g. a ``torch.library`` custom op).
 
     The decorated function takes the op's arguments in schema order: tensors arrive as ``onnx_ir`` values,
@@ -193,6 +195,10 @@ def register_lowering(target: Target, *, opset: int = 18, override: bool = False
         @aot2onnx.register_lowering(torch.ops.mylib.scaled_tanh.default)
         def scaled_tanh(x, scale: float):
             return op.Mul(op.Tanh(x), op.CastLike(scale, x))
+
+    ``opset``: the opset the rule needs. Models are built at :data:`aot2onnx.options.BASE_OPSET` (18) and
+    converted to the target opset afterwards, and rules are chosen at the opset they are built at: a rule for a
+    newer opset is not used, and a graph that needs one is refused, naming it (``lower/plan.py``).
 
     User rules take precedence over aot2onnx's and torch_lib's. Registering a second user rule for the same
     overload and opset is an error unless ``override=True``; :func:`unregister_lowering` and

@@ -8,7 +8,6 @@ outputs, inputs returned as outputs, and one report of every unsupported op befo
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import operator
@@ -26,11 +25,12 @@ from onnxscript.optimizer import _constant_folding
 from onnxscript.rewriter.rules import common as rules
 
 from aot2onnx.capture._torch_compat import unset_fake_temporarily
-from aot2onnx.errors import LoweringError, UnsupportedOpError
+from aot2onnx.errors import LoweringError, UnsupportedOpError, user_source_line
 from aot2onnx.lower import _exporter_compat as exporter
-from aot2onnx.lower.checks import collecting
-from aot2onnx.lower.dispatch import dispatch, is_passthrough_getitem
+from aot2onnx.lower.checks import Check, collecting
 from aot2onnx.lower.ops._control import for_device
+from aot2onnx.lower.plan import GraphPlan, NodePlan, build_opset, plan_graph
+from aot2onnx.lower.recorder import Recorder
 from aot2onnx.lower.registry import Registry, default_registry
 from aot2onnx.lower.seeds import seed_random_ops
 from aot2onnx.signature import (
@@ -49,9 +49,9 @@ __all__ = [
     "VALUE_NAMES_KEY",
     "LoweredGraph",
     "RANDOM_OPS",
+    "emit",
     "lower_graph",
     "optimize_exactly",
-    "unsupported_nodes",
     "user_source_line",
 ]
 
@@ -78,43 +78,6 @@ for _logger_name, _prefix in _EXPECTED_WARNINGS.items():
     logging.getLogger(_logger_name).addFilter(lambda record, prefix=_prefix: not str(record.msg).startswith(prefix))
 
 
-def user_source_line(node: torch.fx.Node) -> str:
-    """The innermost user frame of the node's stack trace, e.g. ``model.py:12 in forward: y = x @ w``."""
-    trace = node.meta.get("stack_trace") or ""
-    lines = [line.strip() for line in trace.strip().splitlines()]
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("File "):
-            code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
-            return f"{lines[i]}: {code}" if code else lines[i]
-    return "(no source line recorded)"
-
-
-def unsupported_nodes(gm: torch.fx.GraphModule, registry: Registry, opset: int) -> dict[str, list[tuple[torch.fx.Node, str]]]:
-    """Every call_function node without a usable rule, grouped by target, with the reason."""
-    missing: dict[str, list[tuple[torch.fx.Node, str]]] = collections.defaultdict(list)
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or is_passthrough_getitem(node):
-            continue
-        rule, reason = dispatch(node, registry, opset)
-        if rule is None:
-            missing[str(node.target)].append((node, reason))
-    return dict(missing)
-
-
-def _format_unsupported(missing: dict[str, list[tuple[torch.fx.Node, str]]], graph_name: str) -> str:
-    lines = [f"{len(missing)} op(s) in graph {graph_name!r} have no ONNX lowering:"]
-    for target, nodes in sorted(missing.items()):
-        node, reason = nodes[0]
-        lines.append(f"  {target}  ({len(nodes)} node(s); {reason})")
-        lines.append(f"      e.g. {node.format_node()}")
-        lines.append(f"      from {user_source_line(node)}")
-    lines.append(
-        "Add a lowering with @aot2onnx.register_lowering(<OpOverload>), or report the op so aot2onnx "
-        "can cover it."
-    )
-    return "\n".join(lines)
-
-
 def _value_for_placeholder(node: torch.fx.Node, opset: onnxscript.values.Opset) -> ir.Value | None:
     val = node.meta.get("val")
     value = exporter.SymbolicTensor(opset, name=node.name)
@@ -131,13 +94,13 @@ def _value_for_placeholder(node: torch.fx.Node, opset: onnxscript.values.Opset) 
 def _lower_call(
     model: ir.Model,
     graph: ir.Graph,
-    node: torch.fx.Node,
+    decision: NodePlan,
     values: dict[str, Any],
-    registry: Registry,
     opset: onnxscript.values.Opset,
     constant_farm: dict[Any, ir.Value],
 ) -> None:
-    if is_passthrough_getitem(node) and isinstance(values[node.args[0].name], list):
+    node, rule = decision.node, decision.rule
+    if decision.passthrough and isinstance(values[node.args[0].name], list):
         # A rule that returned several values; a rule that returned one ONNX sequence (torch_lib's split
         # is SplitToSequence) goes on to the getitem rule, which emits SequenceAt.
         value = values[node.args[0].name][node.args[1]]
@@ -146,9 +109,8 @@ def _lower_call(
         values[node.name] = value
         return
 
-    rule, reason = dispatch(node, registry, opset.version)
-    if rule is None:  # unsupported_nodes() ran first, so this is a bug
-        raise UnsupportedOpError(f"{node.format_node()}: {reason}")
+    if rule is None:  # lower_graph() reported the graph's unsupported ops before emitting: a getitem's rule
+        raise UnsupportedOpError(f"{node.format_node()}: {decision.reason}")
 
     def convert(arg: Any) -> Any:
         if isinstance(arg, torch.fx.Node):
@@ -164,7 +126,7 @@ def _lower_call(
     if kwargs.get("dtype", 0) is None:
         kwargs["dtype"] = -1  # torch_lib's spelling of "no dtype given"
 
-    tracer = exporter.Recorder(opset, constant_farm)
+    tracer = Recorder(opset, constant_farm)
     with onnxscript.evaluator.default_as(tracer):
         try:
             outputs = rule.function(*args, **kwargs)
@@ -258,102 +220,6 @@ class _ConstantFarm(dict):
         super().__setitem__((_exact_key(arg), dtype), value)
 
 
-def _float_scalar_bounds(gm: torch.fx.GraphModule) -> None:
-    """``clamp(x, 1e-06, 50)`` with its bounds as floats where the result is a float tensor: the exporter's
-    type promotion pass finds no clamp overload for a float and an int bound together, or for an integer
-    tensor with a float bound, and failed the compile (torch.optim.Rprop's step; ``ids.clamp(0, 1.5)``).
-    A float result is clamped in its own dtype either way; an integer input is converted to it first, as
-    ATen's type promotion does."""
-    def as_float(a: Any) -> Any:
-        return float(a) if isinstance(a, int) and not isinstance(a, bool) else a
-
-    changed = False
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not torch.ops.aten.clamp.default:
-            continue
-        out, x = node.meta.get("val"), getattr(node.args[0], "meta", {}).get("val")
-        if not (isinstance(out, torch.Tensor) and out.is_floating_point() and isinstance(x, torch.Tensor)):
-            continue
-        source = node.args[0]
-        if x.dtype != out.dtype:
-            with gm.graph.inserting_before(node):
-                source = gm.graph.call_function(torch.ops.prims.convert_element_type.default, (source, out.dtype))
-            source.meta["val"] = x.to(out.dtype)
-        node.args = (source, *map(as_float, node.args[1:]))
-        node.kwargs = {k: as_float(v) for k, v in node.kwargs.items()}
-        changed = True
-    if changed:
-        gm.recompile()
-
-
-# Ops the exporter's type promotion pass is kept off. The reductions' rules compute in double whatever the
-# float dtype (reductions._moments), as ATen does; the pass would cast a 16-bit input to float32 and rebuild
-# the node from its packet's default overload: std.correction became an std.default that nothing lowers, and
-# std_mean (two outputs) made the pass raise. Both ran in PyTorch. lerp takes tensors of one dtype (ATen
-# checks it); the pass made lerp.Scalar's weight a tensor of that dtype, so a bfloat16 lerp's weight 0.3 was
-# rounded to 0.30078125 where ATen keeps it in float32 (41% of the results off), and lerp.Scalar's rule,
-# which follows ATen's branch on |weight|, was never reached.
-_OWN_PROMOTION = ("aten.std", "aten.std_mean", "aten.var", "aten.var_mean", "aten.lerp")
-
-
-_HALF_FLOATS = (torch.float16, torch.bfloat16)
-# ATen's CPU kernels with a reduced-precision path for a scalar second operand (BinaryOpsKernel.cpp).
-_OPMATH_SCALAR_OPS = (torch.ops.aten.mul.Tensor, torch.ops.aten.mul.Scalar, torch.ops.aten.div.Tensor,
-                      torch.ops.aten.div.Scalar, torch.ops.aten.div.Tensor_mode, torch.ops.aten.div.Scalar_mode)
-
-
-def _opmath_scalar_operands(gm: torch.fx.GraphModule) -> None:
-    """``x * s`` and ``x / s`` (true, floor or trunc) for a float16 or bfloat16 ``x`` and a scalar ``s`` (a
-    Python number or a 0-d tensor of another dtype), computed in float32 with ``s`` as a float32 and rounded once, as ATen's CPU
-    kernels do: they take the second operand of a reduced-precision mul or div, when it is a scalar, as its
-    original value in float32 (``iter.original_scalar_value<opmath_t>``). The type promotion pass would round
-    ``s`` to x's dtype first: ``x * 0.3`` in bfloat16 multiplied by 0.298828125, and 47% of the products
-    (28% in float16) were an ulp off eager's. ``s * x``, with the scalar first, is rounded in ATen too, and so
-    left alone."""
-    changed = False
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _OPMATH_SCALAR_OPS:
-            continue
-        out = node.meta.get("val")
-        if not isinstance(out, torch.Tensor) or out.dtype not in _HALF_FLOATS or len(node.args) != 2:
-            continue
-        x, s = node.args
-        x_val = getattr(x, "meta", {}).get("val")
-        s_val = getattr(s, "meta", {}).get("val") if isinstance(s, torch.fx.Node) else None
-        scalar = (isinstance(s, (int, float)) and not isinstance(s, bool)) or (
-            isinstance(s_val, torch.Tensor) and s_val.dim() == 0 and s_val.dtype != out.dtype and s_val.dtype != torch.bool)
-        if not scalar or not isinstance(x_val, torch.Tensor) or x_val.dtype != out.dtype:
-            continue
-        with gm.graph.inserting_before(node):
-            x32 = gm.graph.call_function(torch.ops.prims.convert_element_type.default, (x, torch.float32))
-            x32.meta["val"] = x_val.to(torch.float32)
-            if isinstance(s, torch.fx.Node):  # a double or integer 0-d tensor: its value in float32
-                s = gm.graph.call_function(torch.ops.prims.convert_element_type.default, (s, torch.float32))
-                s.meta["val"] = s_val.to(torch.float32)
-            else:
-                s = float(s)
-            computed = gm.graph.call_function(node.target, (x32, s), dict(node.kwargs))
-            computed.meta["val"] = out.to(torch.float32)
-            rounded = gm.graph.call_function(torch.ops.prims.convert_element_type.default, (computed, out.dtype))
-            rounded.meta["val"] = out
-        for key in ("stack_trace", "nn_module_stack", "source_fn_stack", "original_aten"):
-            if key in node.meta:
-                for new in (x32, computed, rounded):
-                    new.meta[key] = node.meta[key]
-        node.replace_all_uses_with(rounded)
-        gm.graph.erase_node(node)
-        changed = True
-    if changed:
-        gm.recompile()
-
-
-def _prepare(gm: torch.fx.GraphModule) -> None:
-    # aten ops promote mixed dtypes implicitly; ONNX ops do not. The exporter's pass makes it explicit.
-    _float_scalar_bounds(gm)
-    _opmath_scalar_operands(gm)
-    exporter.insert_type_promotion_nodes_except(gm, _OWN_PROMOTION)
-
-
 def lower_graph(
     gm: torch.fx.GraphModule,
     *,
@@ -362,24 +228,35 @@ def lower_graph(
     registry: Registry | None = None,
     optimize: bool = True,
     device_type: str = "cpu",
+    plan: GraphPlan | None = None,
 ) -> LoweredGraph:
     """Lowers an FX ATen graph (from AOTAutograd) to an ONNX model and its signature, for a session on
     ``device_type`` (``"cpu"``, or ``"cuda"``, where rules avoid values the host would have to read).
+
+    The graph is decided once (``lower/plan.py``): canonicalized (a copy; ``gm`` is not changed), each node
+    dispatched once, then emitted. ``plan``: that decision where the caller made it already (the compile
+    backend, which reads it to split the graph); it must be ``gm``'s, for ``registry`` and ``opset``.
 
     Raises:
         UnsupportedOpError: listing every op of the graph that has no rule, before anything is built.
         LoweringError: when a rule fails on a node, naming the node and its source line.
     """
-    registry = registry or default_registry()
-    # Runtime asserts (on symbolic sizes) have nothing to lower: drop them before looking for unsupported ops.
-    exporter.remove_assertion_nodes(gm)
-    missing = unsupported_nodes(gm, registry, opset)
-    if missing:
-        raise UnsupportedOpError(_format_unsupported(missing, name))
-    _prepare(gm)
+    if plan is None:
+        plan = plan_graph(gm, registry or default_registry(), opset)
+    elif plan.opset != opset or (registry is not None and plan.registry is not registry):
+        raise ValueError(f"the plan of graph {name!r} was made for another opset or registry")
+    if plan.unsupported():
+        raise UnsupportedOpError(plan.format_unsupported(name))
+    return emit(plan, name=name, optimize=optimize, device_type=device_type)
 
-    onnx_opset = onnxscript.values.Opset("", 18)  # torch_lib's rules are written for opset 18
-    graph = ir.Graph([], [], nodes=[], opset_imports={"": 18}, name=name)
+
+def emit(plan: GraphPlan, *, name: str, optimize: bool = True, device_type: str = "cpu") -> LoweredGraph:
+    """The ONNX model of a plan whose every node has a rule: built at the plan's build opset with the rules it
+    chose, cleaned up exactly, and converted to its target opset."""
+    gm, opset = plan.gm, plan.opset
+    built_at = build_opset(opset)  # torch_lib's rules are written for it
+    onnx_opset = onnxscript.values.Opset("", built_at)
+    graph = ir.Graph([], [], nodes=[], opset_imports={"": built_at}, name=name)
     model = ir.Model(graph, ir_version=10, producer_name="aot2onnx")
     values: dict[str, Any] = {}
     constant_farm: dict[Any, ir.Value] = _ConstantFarm()
@@ -411,7 +288,7 @@ def lower_graph(
                     values[node.name] = value
                 elif node.op == "call_function":
                     fx_nodes += 1
-                    _lower_call(model, graph, node, values, registry, onnx_opset, constant_farm)
+                    _lower_call(model, graph, plan[node], values, onnx_opset, constant_farm)
                     if node.target is torch.ops.aten.copy_.default:
                         written.append(_written_input(node, values, placeholders))
                 elif node.op == "output":
@@ -422,12 +299,11 @@ def lower_graph(
                 raise
             except Exception as e:
                 raise LoweringError(f"could not lower {node.format_node()}\n    from {user_source_line(node)}") from e
-    checks = [(value, api_name, is_matrix, kind) for value, kind, api_name, is_matrix in rule_checks]
     # The inputs' new values are outputs after the returned ones; their names are read back by position once
     # the passes have run (OutputFixPass gives an output that is an input, or a second use of one value, an
     # Identity of its own).
     written_at = _written_outputs(graph, written)
-    checked_at = _checked_outputs(graph, checks)
+    checked_at = _checked_outputs(graph, rule_checks)
 
     # Inputs the ONNX graph never reads are not bound at run time.
     used = {v.name for v in graph.inputs if v.uses() or v in graph.outputs}
@@ -446,20 +322,20 @@ def lower_graph(
     with unset_fake_temporarily():
         if optimize:
             optimize_exactly(model)
-        if opset != 18:
+        if opset != built_at:
             # Exact too: onnxscript's converter rewrites only the ops whose signature changed (DFT's axis
             # becomes an input, GridSample's mode names, GroupNormalization's per-group scale repeated per
             # channel) and otherwise changes version numbers; its fallback, ONNX's C++ converter, is for
             # opsets past onnxscript's (25), beyond what Options admits.
             onnxscript.version_converter.convert_version(model, opset, fallback=True)
-            if model.opset_imports.get("", 18) != opset:  # the converter gives up without raising
-                raise LoweringError(f"graph {name!r} could not be converted from opset 18 to opset {opset}")
+            if model.opset_imports.get("", built_at) != opset:  # the converter gives up without raising
+                raise LoweringError(f"graph {name!r} could not be converted from opset {built_at} to opset {opset}")
         _record_renamed_values(model, {n.name: values[n.name] for n in gm.graph.nodes if n.op == "call_function"
                                        and n.target is not operator.getitem and n.name in values})
         proto = ir.serde.serialize_model(model)
     mutations = tuple(MutationSpec(index, proto.graph.output[position].name) for index, position in written_at)
-    checks_ = tuple(CheckSpec(proto.graph.output[position].name, api, is_matrix, kind)
-                    for position, api, is_matrix, kind in checked_at)
+    checks_ = tuple(CheckSpec(proto.graph.output[position].name, check.api_name, check.is_matrix, check.kind)
+                    for position, check in checked_at)
     signature = GraphSignature(tuple(input_specs), tuple(output_specs), mutations, checks_)
     return LoweredGraph(proto, signature, fx_nodes, len(proto.graph.node))
 
@@ -511,16 +387,16 @@ def _written_outputs(graph: ir.Graph, written: list[tuple[int, ir.Value]]) -> li
     return positions
 
 
-def _checked_outputs(graph: ir.Graph, checks: list[tuple[ir.Value, str, bool, str]]) -> list[tuple[int, str, bool, str]]:
-    """Adds each check's value as a graph output after the written inputs': (output position, API name,
-    is_matrix, kind)."""
+def _checked_outputs(graph: ir.Graph, checks: list[Check]) -> list[tuple[int, Check]]:
+    """Adds each check's value as a graph output after the written inputs': (output position, check)."""
     positions = []
-    for value, api_name, is_matrix, kind in checks:
+    for check in checks:
+        value = check.value
         if value.producer() is None:  # an input or a constant: an output of its own, as for written values
             identity = ir.node("Identity", [value])
             graph.append(identity)
             value = identity.outputs[0]
-        positions.append((len(graph.outputs), api_name, is_matrix, kind))
+        positions.append((len(graph.outputs), check))
         graph.outputs.append(value)
     return positions
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from aot2onnx.options import BASE_OPSET  # every lowering starts at it
+
 __all__ = [
     "BASE_OPSET",
     "OpsetSupport",
@@ -39,8 +41,6 @@ __all__ = [
     "unrunnable_nodes",
 ]
 
-# The opset torch_lib's rules (and ours) are written against; every lowering starts here.
-BASE_OPSET = 18
 
 _PROBED_TYPES = (
     "tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)", "tensor(int64)", "tensor(int32)",

@@ -28,6 +28,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from aot2onnx.options import BASE_OPSET
+
 logger = logging.getLogger(__name__)
 
 DOMAIN = "com.microsoft.nchwc"
@@ -49,7 +51,7 @@ def block_size() -> int:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(weight, "w")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", BASE_OPSET)], ir_version=10)
     try:
         with tempfile.TemporaryDirectory(prefix="aot2onnx-nchwc-") as tmp:
             options = ort.SessionOptions()

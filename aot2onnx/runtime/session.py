@@ -19,7 +19,7 @@ import onnxruntime as ort
 import torch
 from torch.utils.dlpack import from_dlpack as _from_capsule
 
-from aot2onnx.errors import RuntimeSessionError
+from aot2onnx.errors import RuntimeSessionError, source_line
 from aot2onnx.options import Options
 from aot2onnx.runtime import cuda, fused
 from aot2onnx.runtime.inplace import writable_in_place
@@ -257,7 +257,7 @@ def _explain_session_error(model: onnx.ModelProto, message: str) -> str:
         return ""
     props = {p.key: p.value for p in node.metadata_props}
     origin = props.get("pkg.torch.onnx.fx_node", "")
-    trace = [line.strip() for line in props.get("pkg.torch.onnx.stack_trace", "").splitlines() if line.strip()]
+    where = source_line(props.get("pkg.torch.onnx.stack_trace"))
     lines = []
     if op_type is not None:
         types = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.input, *model.graph.value_info)}
@@ -266,7 +266,7 @@ def _explain_session_error(model: onnx.ModelProto, message: str) -> str:
         lines.append(f"\n  ONNX Runtime's providers have no {op_type} kernel for inputs of type ({', '.join(input_types)}).")
     lines += [
         f"\n  The node was lowered from: {origin}" if origin else "",
-        f"\n  at {trace[-2]}: {trace[-1]}" if len(trace) >= 2 else "",
+        f"\n  at {where}" if where else "",
     ]
     if op_type is not None:
         lines.append("\n  Run this part of the model in a dtype ONNX Runtime supports for the op (float32 in most cases).")

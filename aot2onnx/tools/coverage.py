@@ -24,6 +24,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from aot2onnx.options import BASE_OPSET
+
 __all__ = [
     "REGENERATE_ENV",
     "TABLES_DIR",
@@ -40,7 +42,6 @@ REGENERATE_ENV = "AOT2ONNX_REGENERATE_OPSET_TABLES"
 _REPO = Path(__file__).resolve().parents[2]
 TABLES_DIR = _REPO / "opset_tables"
 _SWEEP = _REPO / "tests" / "test_opinfo.py"
-_BASE_OPSET = 18
 
 # Outcomes of a sample that leave the OpInfo out of the counts: there is nothing to compare with.
 _NOT_TESTED = ("no-sample", "no-eager")
@@ -79,7 +80,7 @@ def target_opsets() -> tuple[int, ...]:
     runs (probed per op, see ``aot2onnx.runtime.kernels``)."""
     from aot2onnx.runtime.kernels import newest_runnable_opset
 
-    return tuple(sorted({_BASE_OPSET, newest_runnable_opset()}))
+    return tuple(sorted({BASE_OPSET, newest_runnable_opset()}))
 
 
 @functools.cache
@@ -109,11 +110,12 @@ def _overload(name: str):
 
 def _lowering_origins(names: Iterable[str], opset: int) -> dict[str, str]:
     """Where each overload's lowering at ``opset`` comes from: a rule's origin, decomposition, or none."""
-    from aot2onnx.capture import decomposition_table, lowerable_names
+    from aot2onnx.lower.plan import build_opset, decompositions
     from aot2onnx.lower.registry import default_registry
 
     registry = default_registry()
-    decomposed = {str(op) for op in decomposition_table(lowerable_names(registry, opset))}
+    decomposed = {str(op) for op in decompositions(registry, opset)}
+    opset = build_opset(opset)  # where rules are chosen for a model targeting opset
     origins = {}
     for name in names:
         target = _overload(name)

@@ -8,6 +8,7 @@ from aot2onnx.lower.ops import (  # noqa: F401
     conv,
     core,
     distance,
+    factory,
     fused,
     fused_kernels,
     indexing,
@@ -21,6 +22,7 @@ from aot2onnx.lower.ops import (  # noqa: F401
     random,
     reductions,
     resize,
+    scans,
     special,
     views,
 )

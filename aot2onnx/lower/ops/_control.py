@@ -11,7 +11,7 @@ import onnx_ir as ir
 import onnxscript
 from onnxscript import opset18 as op
 
-from aot2onnx.lower import _exporter_compat as exporter
+from aot2onnx.lower.recorder import Recorder
 
 __all__ = ["cond", "for_device", "loop", "on_device"]
 
@@ -40,7 +40,7 @@ def on_device() -> bool:
 
 def _trace(body: Callable[[], Sequence[ir.Value]], prefix: str) -> ir.Graph:
     """The graph of the values ``body()`` returns, with no inputs of its own: it reads the enclosing graph's."""
-    recorder = exporter.Recorder(onnxscript.evaluator.default().opset, {})
+    recorder = Recorder(onnxscript.evaluator.default().opset, {})
     with onnxscript.evaluator.default_as(recorder):
         results = body()
         outputs = [op.Identity(v) for v in results]
@@ -96,7 +96,7 @@ def loop(trip_count: int | ir.Value, carried: Sequence[ir.Value], body: Callable
     axis: the last carried values are returned, then the stacked ones.
     """
     outer = onnxscript.evaluator.default()
-    recorder = exporter.Recorder(outer.opset, {})
+    recorder = Recorder(outer.opset, {})
     counter = ir.Value(name=None, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
     condition = ir.Value(name=None, type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
     inputs = [ir.Value(name=None, type=ir.TensorType(v.dtype)) for v in carried]

@@ -21,6 +21,7 @@ import torch
 
 from aot2onnx.errors import LoweringError
 from aot2onnx.lower.registry import default_registry, fused_rule
+from aot2onnx.options import BASE_OPSET
 from aot2onnx.signature import FUSED_DOMAIN
 
 aten = torch.ops.aten
@@ -55,7 +56,7 @@ def _or_standard(target: torch._ops.OpOverload) -> Callable[[Callable], Callable
             try:
                 return rule(*args, **kwargs)
             except _NotFused as e:
-                standard, _ = default_registry().lookup(target, 18)
+                standard, _ = default_registry().lookup(target, BASE_OPSET)
                 if standard is None:
                     raise LoweringError(f"{e}, and no standard rule lowers {target}") from e
                 return standard.function(*args, **kwargs)

@@ -6,7 +6,6 @@ and pow with the exponents ATen computes without pow."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -1007,47 +1006,6 @@ def aten_logaddexp2(self, other):
     return _opmath(lambda a, b: _logaddexp(a, b, base_two=True), self, other)
 
 
-def _log_add_exp_step(x, total):
-    # ATen's _log_add_exp_helper(x, total), one step of its logcumsumexp scan: log1p(exp(min - max)) + max,
-    # or x where min and max are the same infinity; a NaN total is carried on (std::min(x, nan) is x: its
-    # Where(total < x, total, x) form; the isnan check makes it the NaN).
-    nan_total = op.IsNaN(total)
-    low = op.Where(nan_total, total, op.Where(op.Less(total, x), total, x))
-    high = op.Where(nan_total, total, op.Where(op.Less(x, total), total, x))
-    general = op.Add(_log1p(op.Exp(op.Sub(low, high))), high)  # never -0.0: Where's first operand
-    usable = op.Or(op.Not(op.Equal(low, high)), op.Not(op.Or(op.IsInf(low), op.IsNaN(low))))
-    return op.Where(usable, general, x)
-
-
-@project_rule(aten.logcumsumexp.default)
-def aten_logcumsumexp(self, dim: int):
-    """logcumsumexp(Tensor self, int dim) -> Tensor
-
-    ATen's CPU kernel: a scan along ``dim`` from -inf, each step ``_log_add_exp_helper`` in the accumulation
-    type (double for float32, float32 for 16-bit floats), here one ONNX Loop over the axis. torch_lib's
-    ``log(cumsum(exp(x - max))) + max`` with the whole axis's max underflowed every element far below the
-    max: ``logcumsumexp([-200, 0])`` began with -inf (eager -200), and +inf or an all -inf row gave NaN.
-    """
-    rank = len(self.shape)
-    if rank == 0:
-        return op.Identity(self)
-    acc = ir.DataType.FLOAT if self.dtype in _HALVES else ir.DataType.DOUBLE
-    dim %= rank
-    perm = [dim, *(i for i in range(rank) if i != dim)]
-    x = op.Transpose(op.Cast(self, to=acc), perm=perm)
-    start = op.ConstantOfShape(op.Shape(x, start=1), value=ir.tensor(np.array([-np.inf], dtype=acc.numpy())))
-    start.dtype = acc
-
-    def body(i, total):
-        step = _log_add_exp_step(op.Gather(x, i, axis=0), total)
-        return [step, op.Identity(step)]
-
-    length = op.Squeeze(op.Shape(x, start=0, end=1), op.Constant(value_ints=[0]))
-    _, steps = loop(length, [start], body, iteration=True, scanned=1)
-    inverse = [perm.index(i) for i in range(rank)]
-    return op.CastLike(op.Transpose(steps, perm=inverse), self)
-
-
 @project_rule(aten.xlogy.Tensor)
 def aten_xlogy(self, other):
     """xlogy.Tensor(Tensor self, Tensor other) -> Tensor"""
@@ -1139,105 +1097,6 @@ def prims_view_of(a):
     return op.Identity(a)
 
 
-@project_rule(aten._efficientzerotensor.default)
-def aten__efficientzerotensor(
-    size: Sequence[int], dtype: int = -1, layout: str = "", device: str = "", pin_memory: bool = False
-):
-    """_efficientzerotensor(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
-    # A zero tensor that ATen never materialises; in ONNX it is just zeros.
-    data_type = ir.DataType.FLOAT if dtype in (-1, None) else ir.DataType(dtype)
-    return op.ConstantOfShape(_shape(size), value=ir.tensor([0], dtype=data_type))
-
-
-def _shape(size: Sequence[int]):
-    """A SymInt[] argument as a 1-D INT64 tensor."""
-    if all(isinstance(d, int) for d in size):
-        return op.Constant(value_ints=list(size))
-    one = op.Constant(value_ints=[1])
-    return op.Concat(*[op.Reshape(op.Cast(d, to=ir.DataType.INT64), one) for d in size], axis=0)
-
-
-def _fill_type(fill_value) -> ir.DataType:
-    """The dtype ATen gives full() without one: bool, int64, or the default float dtype."""
-    if isinstance(fill_value, bool):
-        return ir.DataType.BOOL
-    if isinstance(fill_value, int):
-        return ir.DataType.INT64
-    return ir.DataType.DOUBLE if torch.get_default_dtype() == torch.float64 else ir.DataType.FLOAT
-
-
-@project_rule(aten.full.default)
-def aten_full(size: Sequence[int], fill_value, dtype: int = -1, layout: str = "", device: str = "",
-              pin_memory: bool = False):
-    """full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
-    # The fill in the result's dtype from the start: torch_lib cast a float32 constant, so a float64
-    # full(0.3) was 0.30000001192092896.
-    data_type = _fill_type(fill_value) if dtype in (-1, None) else ir.DataType(dtype)
-    return op.Expand(_scalar(fill_value, data_type), _shape(size))
-
-
-def _arange(start, end, step, dtype: int):
-    """ATen's arange where it gives floats from Python numbers; None where torch_lib's is exact."""
-    numbers = (start, end, step)
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
-        return None  # symbolic bounds: integers, which Range makes exactly
-    if dtype in (-1, None):
-        data_type = ir.DataType.INT64 if all(isinstance(v, int) for v in numbers) else _fill_type(0.0)
-    else:
-        data_type = ir.DataType(dtype)
-    if not data_type.is_floating_point():
-        return None
-    # torch_lib's is a float32 Range: ONNX Runtime's adds the step to a running value, so float32
-    # arange(0, 1000, 0.1) ended at 999.8029 (eager 999.9), and float64 arange was float32's. ATen's CPU kernel
-    # (RangeFactories.cpp): ceil((end - start) / step) elements, start + step * i in double (float for 16-bit
-    # floats), rounded once to the dtype. The positions are an integer Range, exact.
-    count = max(0, math.ceil((float(end) - float(start)) / float(step)))
-    compute = ir.DataType.FLOAT if data_type in _HALVES else ir.DataType.DOUBLE
-    positions = op.Cast(op.Range(op.Constant(value=ir.tensor(0, dtype=ir.DataType.INT64)),
-                                 op.Constant(value=ir.tensor(count, dtype=ir.DataType.INT64)),
-                                 op.Constant(value=ir.tensor(1, dtype=ir.DataType.INT64))), to=compute)
-    values = op.Add(_scalar(float(start), compute), op.Mul(_scalar(float(step), compute), positions))
-    return values if compute == data_type else op.Cast(values, to=data_type)
-
-
-@project_rule(aten.arange.start_step)
-def aten_arange_start_step(start, end, step=1, dtype: int = -1, layout: str = "", device: str = "",
-                           pin_memory: bool = False):
-    """arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
-    result = _arange(start, end, step, dtype)
-    return torchlib_core.aten_arange_start_step(start, end, step, dtype) if result is None else result
-
-
-@project_rule(aten.arange.start)
-def aten_arange_start(start, end, dtype: int = -1, layout: str = "", device: str = "", pin_memory: bool = False):
-    """arange.start(Scalar start, Scalar end, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
-    result = _arange(start, end, 1, dtype)
-    return torchlib_core.aten_arange_start(start, end, dtype) if result is None else result
-
-
-@project_rule(aten.arange.default)
-def aten_arange(end, dtype: int = -1, layout: str = "", device: str = "", pin_memory: bool = False):
-    """arange(Scalar end, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
-    result = _arange(0, end, 1, dtype)
-    return torchlib_core.aten_arange(end, dtype) if result is None else result
-
-
-@project_rule(aten.full_like.default)
-def aten_full_like(self, fill_value, dtype: int = -1, layout: str = "", device: str = "", pin_memory: bool = False,
-                   memory_format: str = ""):
-    """full_like(Tensor self, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor"""
-    data_type = self.dtype if dtype in (-1, None) else ir.DataType(dtype)
-    return op.Expand(_scalar(fill_value, data_type), op.Shape(self))
-
-
-@project_rule(aten.empty_permuted.default)
-def aten_empty_permuted(size: Sequence[int], physical_layout: Sequence[int], dtype: int = -1, layout: str = "",
-                        device: str = "", pin_memory: bool = False):
-    """empty_permuted(SymInt[] size, int[] physical_layout, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
-    # ONNX tensors have no memory layout, and empty's values are unspecified: zeros of the logical size.
-    return aten__efficientzerotensor(size, dtype)
-
-
 _MANTISSA_BITS = {ir.DataType.FLOAT: 23, ir.DataType.DOUBLE: 52}
 _MIN_EXPONENT = {ir.DataType.FLOAT: -126, ir.DataType.DOUBLE: -1022}
 
@@ -1275,34 +1134,6 @@ def prims_nextafter(self, other):
     result = select(op.Equal(x, y), y, result)
     result = op.Where(op.Or(op.IsNaN(x), op.IsNaN(y)), op.Add(x, y), result)
     return op.CastLike(result, self)
-
-
-@project_rule(aten.linalg_cross.default)
-def aten_linalg_cross(self, other, dim: int = -1):
-    """linalg_cross(Tensor self, Tensor other, *, int dim=-1) -> Tensor
-
-    Component i is ``a[i+1] * b[i+2] - a[i+2] * b[i+1]`` (indices mod 3), rounded as ATen's CPU kernel rounds
-    it: float32 as one fused multiply-add of the first product and the rounded second (ATen's kernels are
-    built with FMA contraction), here exact in double; 16-bit floats round each product and the difference
-    (c10's Half and BFloat16 arithmetic); float64 and integers round each step. torch_lib's rule (one
-    rounding for all of it) was an ulp off eager in 3 of 4 float32 components, and several bfloat16 ulps off
-    where the products nearly cancel. Matched torch.linalg.cross bit for bit on 100,000 random vectors in
-    float32, float64 and float16 and 1,000 in bfloat16."""
-    a, b = op.Split(self, axis=dim, num_outputs=3), op.Split(other, axis=dim, num_outputs=3)
-    dtype = self.dtype
-
-    def component(i: int):
-        p, q = (a[(i + 1) % 3], b[(i + 2) % 3]), (a[(i + 2) % 3], b[(i + 1) % 3])
-        if dtype == ir.DataType.FLOAT:
-            double = ir.DataType.DOUBLE
-            exact = op.Mul(op.Cast(p[0], to=double), op.Cast(p[1], to=double))  # 48 bits: exact in double
-            return op.Cast(op.Sub(exact, op.Cast(op.Mul(*q), to=double)), to=dtype)
-        if dtype in _HALVES:
-            f = [[op.Cast(v, to=ir.DataType.FLOAT) for v in pair] for pair in (p, q)]
-            return op.Cast(op.Sub(rounded_to(op.Mul(*f[0]), dtype), rounded_to(op.Mul(*f[1]), dtype)), to=dtype)
-        return op.Sub(op.Mul(*p), op.Mul(*q))
-
-    return op.Concat(*(component(i) for i in range(3)), axis=dim)
 
 
 @project_rule(aten.gelu.default)

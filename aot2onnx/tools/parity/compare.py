@@ -494,8 +494,8 @@ def compare_artifact(
 
 
 def _trace(module: torch.nn.Module, inputs: Sequence[torch.Tensor], signature: dict, opset: int) -> dict[GraphKind, torch.fx.GraphModule]:
-    from aot2onnx.capture import decomposition_table, lowerable_names
     from aot2onnx.capture.joint import trace_joint
+    from aot2onnx.lower.plan import decompositions
     from aot2onnx.lower.registry import default_registry
 
     graphs: dict[GraphKind, torch.fx.GraphModule] = {}
@@ -506,7 +506,7 @@ def _trace(module: torch.nn.Module, inputs: Sequence[torch.Tensor], signature: d
     with _stack_traces():
         trace_joint(
             copy.deepcopy(module), inputs, dynamic_batch=bool(signature.get("dims")),
-            decompositions=decomposition_table(lowerable_names(default_registry(), opset)), compile_graph=keep,
+            decompositions=decompositions(default_registry(), opset), compile_graph=keep,
         )
     return graphs
 

@@ -35,7 +35,9 @@ import torch
 from onnx import helper, numpy_helper
 
 from aot2onnx.lower import translate
+from aot2onnx.lower.plan import build_opset
 from aot2onnx.lower.registry import default_registry, fused_registry
+from aot2onnx.options import DEFAULT_OPSET
 from aot2onnx.runtime import fused
 from aot2onnx.tools.parity.errors import ErrorStats
 from aot2onnx.tools.parity.nodes import NodeParity
@@ -107,11 +109,11 @@ def _origin(target: str, opset: int) -> str:
     overload = _overload(target)
     # The compile backend's CPU graphs lower with the fused kernels' rules where they are built.
     registry = fused_registry() if fused.library() is not None else default_registry()
-    rule = registry.lookup(overload, opset)[0] if overload is not None else None
+    rule = registry.lookup(overload, build_opset(opset))[0] if overload is not None else None
     return rule.origin if rule is not None else "?"
 
 
-def sites(report: ParityReport, *, opset: int = 18) -> list[Site]:
+def sites(report: ParityReport, *, opset: int = DEFAULT_OPSET) -> list[Site]:
     """Every place a fault can go in the graphs ``report`` compared: each floating-point output of a node
     compared and within tolerance, held by an ONNX value no other node of the graph is located at (a value two
     FX nodes share, as a clone's, would make either the right answer)."""
