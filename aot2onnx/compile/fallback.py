@@ -30,7 +30,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from aot2onnx.errors import LoweringError, RuntimeSessionError
-from aot2onnx.lower.dispatch import dispatch, is_complex_node
+from aot2onnx.lower.dispatch import dispatch
 from aot2onnx.lower.registry import Registry
 
 __all__ = [
@@ -68,18 +68,8 @@ class _Lowerable(OperatorSupportBase):
         if node.target is operator.getitem:
             source = node.args[0]
             return isinstance(source, torch.fx.Node) and self.is_node_supported(submodules, source)
-        if is_complex_node(node) or _complex_value(node.meta.get("val")):
-            # A partition's inputs and outputs are handed over as they are, and ONNX has no complex type (a
-            # lowered graph carries complex values as real [..., 2] tensors): such nodes stay in PyTorch.
-            return False
         rule, _ = dispatch(node, self._registry, self._opset)
         return rule is not None
-
-
-def _complex_value(val: Any) -> bool:
-    if isinstance(val, (list, tuple)):
-        return any(_complex_value(v) for v in val)
-    return isinstance(val, torch.Tensor) and val.is_complex()
 
 
 def unsupported_targets(gm: torch.fx.GraphModule, registry: Registry, opset: int) -> collections.Counter:

@@ -46,6 +46,7 @@ __all__ = [
     "compiled_graphs",
     "profiling",
     "providers_for",
+    "as_real_pairs",
     "reset_compiled_graphs",
     "session_options",
 ]
@@ -507,6 +508,8 @@ class OrtGraph:
         """Why the graph is not to be replayed as a CUDA graph, or None."""
         if not options.cuda_graphs:
             return "cuda_graphs is off"
+        if self.signature.has_complex:  # bound as views made per call (as_real_pairs): not kept in place
+            return "a complex tensor crosses the graph's boundary"
         symints = any(spec.kind is InputKind.SYMINT for spec in self.signature.inputs)
         return cuda.graph_refusal(model, self._op_types, RANDOM_OPS, symints)
 
@@ -648,7 +651,7 @@ class OrtGraph:
         it = iter(results)
         for spec in self.signature.outputs:
             if spec.kind is OutputKind.TENSOR:
-                outputs.append(next(it))
+                outputs.append(torch.view_as_complex(next(it)) if spec.is_complex else next(it))
             elif spec.kind is OutputKind.SYMINT:
                 outputs.append(int(next(it).item()))
             elif spec.kind is OutputKind.INPUT:
@@ -687,7 +690,9 @@ class OrtGraph:
                             f"graph {self.name!r} was compiled for {self.device} but got a tensor on {arg.device}"
                         )
                     arg = arg.to(self.device)  # a CPU scalar beside CUDA tensors, as torch allows
-                if not arg.is_contiguous():
+                if arg.is_complex():
+                    arg = as_real_pairs(arg)
+                elif not arg.is_contiguous():
                     arg = arg.contiguous()
                 keep_alive.append(arg)
                 dtype = _TORCH_TO_ONNX.get(arg.dtype)
@@ -734,7 +739,8 @@ class OrtGraph:
             if new_shapes:
                 self._check_shapes(results)
             for index, position in copied:
-                args[index].detach().copy_(results[position])
+                written = args[index].detach()
+                (torch.view_as_real(written) if written.is_complex() else written).copy_(results[position])
             checked = results[len(self._onnx_outputs) + len(self._mutations):]
             del results[len(self._onnx_outputs):]
         for check, value in zip(self._checks, checked):
@@ -883,6 +889,14 @@ class OrtGraph:
             f"OrtGraph({self.name!r}, kind={self.kind}, fx_nodes={self.fx_node_count}, onnx_nodes={self.onnx_node_count}, "
             f"runs={self.runs}, device={self.device})"
         )
+
+
+def as_real_pairs(tensor: torch.Tensor) -> torch.Tensor:
+    """A complex tensor as the real tensor with a trailing axis of 2 that a lowered graph reads
+    (``signature``): ``torch.view_as_real`` of it, without a copy where it is contiguous and has no conjugate or
+    negative bit (a tensor that has one, ``x.conj()``, is resolved first: ``view_as_real`` refuses it)."""
+    tensor = tensor.resolve_conj().resolve_neg()
+    return torch.view_as_real(tensor if tensor.is_contiguous() else tensor.contiguous())
 
 
 def _raise_if_failed(kind: str, api_name: str, value: torch.Tensor, is_matrix: bool) -> None:
