@@ -263,3 +263,38 @@ def aten_new_zeros_complex(self, size: Sequence[int], dtype=-1, layout=None, dev
             raise LoweringError("new_zeros of a real tensor reached a complex rule without a complex dtype")
         dtype = ir.DataType.COMPLEX64 if self.dtype == ir.DataType.FLOAT else ir.DataType.COMPLEX128
     return aten_zeros_complex(size, dtype)
+
+
+@project_rule(aten.mul.Scalar, is_complex=True)
+def aten_mul_scalar_complex(self, other: float):
+    """mul.Scalar(Tensor self, Scalar other) -> Tensor"""
+    if isinstance(other, complex):
+        raise LoweringError("mul.Scalar of a complex tensor by a complex number: no lowering yet")
+    return op.Mul(self, op.CastLike(op.Constant(value_float=float(other)), self))
+
+
+@project_rule(aten.scalar_tensor.default, is_complex=True)
+def aten_scalar_tensor_complex(s, dtype=-1, layout=None, device=None, pin_memory=None):
+    """scalar_tensor(Scalar s, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
+    # A 0-d complex tensor: the pair [s.real, s.imag] (torch_lib's complex rule gives a 0-d real tensor, which
+    # its own complex mul then slices along an axis it does not have).
+    if dtype == -1:
+        raise LoweringError("scalar_tensor without a dtype reached a complex rule")
+    number = complex(s)
+    parts = _parts_dtype(dtype)
+    return op.Constant(value=ir.tensor([number.real, number.imag], dtype=parts))
+
+
+@project_rule(aten.new_empty_strided.default, is_complex=True)
+def aten_new_empty_strided_complex(self, size: Sequence[int], stride: Sequence[int], dtype=-1, layout=None,
+                                   device=None, pin_memory=None):
+    """new_empty_strided(Tensor self, SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""
+    # Uninitialized memory in ATen (strides do not exist in ONNX): zeros, as torch_lib's real rule gives.
+    return aten_new_zeros_complex(self, size, dtype)
+
+
+@project_rule(aten.empty.memory_format, is_complex=True)
+def aten_empty_complex(size: Sequence[int], dtype=None, layout=None, device=None, pin_memory=None,
+                       memory_format=None):
+    """empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor"""
+    return aten_zeros_complex(size, dtype)

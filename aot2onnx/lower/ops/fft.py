@@ -37,13 +37,13 @@ def _conj(x: ir.Value) -> ir.Value:
     return op.Mul(x, op.CastLike(op.Constant(value_floats=[1.0, -1.0]), x))
 
 
-def _normalized(x: ir.Value, sizes: list, normalization: int) -> ir.Value:
-    """``x`` times ATen's factor for a signal of ``sizes`` (static) elements."""
+def _normalized(x: ir.Value, sizes: list, normalization: int, parts: ir.DataType) -> ir.Value:
+    """``x`` times ATen's factor for a signal of ``sizes`` (static) elements; ``parts``: x's dtype."""
     if normalization == 0:
         return x
-    dtype = _NUMPY.get(x.dtype)
+    dtype = _NUMPY.get(parts)
     if dtype is None:
-        raise LoweringError(f"no FFT lowering for {x.dtype} tensors (float32 and float64 only, as ONNX Runtime's DFT)")
+        raise LoweringError(f"no FFT lowering for {parts} tensors (float32 and float64 only, as ONNX Runtime's DFT)")
     if not all(isinstance(s, int) for s in sizes):
         raise LoweringError("an FFT over an axis of symbolic size: no lowering (its normalization needs the size)")
     n = dtype(math.prod(sizes))
@@ -64,7 +64,7 @@ def aten__fft_r2c(self, dim: Sequence[int], normalization: int, onesided: bool):
     rank = len(self.shape)
     axes = _axes(dim, rank)
     transformed = _dft(op.Unsqueeze(self, axes=[-1]), axes, onesided_last=onesided)  # a real signal: [..., 1]
-    return _normalized(transformed, [self.shape[d % rank] for d in dim], normalization)
+    return _normalized(transformed, [self.shape[d % rank] for d in dim], normalization, self.dtype)
 
 
 @project_rule(aten._fft_c2c.default, is_complex=True)
@@ -73,7 +73,7 @@ def aten__fft_c2c(self, dim: Sequence[int], normalization: int, forward: bool):
     rank = len(self.shape) - 1
     axes = _axes(dim, rank)
     transformed = _dft(self, axes) if forward else _conj(_dft(_conj(self), axes))
-    return _normalized(transformed, [self.shape[d % rank] for d in dim], normalization)
+    return _normalized(transformed, [self.shape[d % rank] for d in dim], normalization, self.dtype)
 
 
 @project_rule(aten._fft_c2r.default, is_complex=True)
@@ -99,4 +99,4 @@ def aten__fft_c2r(self, dim: Sequence[int], normalization: int, last_dim_size: i
     full = op.Concat(lower, _conj(mirrored), axis=axis)
     real = op.Squeeze(op.Slice(_dft(full, [axis]), [0], [1], [-1]), axes=[-1])
     sizes = [n if d % rank == last else self.shape[d % rank] for d in dim]
-    return _normalized(real, sizes, normalization)
+    return _normalized(real, sizes, normalization, self.dtype)
