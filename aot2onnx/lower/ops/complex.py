@@ -223,14 +223,6 @@ def aten__conj_physical_complex(self):
     return aten_conj_physical_complex(self)
 
 
-@project_rule(aten.sub.Tensor, is_complex=True)
-def aten_sub_complex(self, other, alpha: float = 1.0):
-    """sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"""
-    if alpha != 1:
-        other = op.Mul(other, op.CastLike(alpha, other))
-    return op.Sub(self, other)
-
-
 # -------------------------------------------------------------------------------------- matrix products
 
 def _product(a, b):
@@ -298,3 +290,47 @@ def aten_empty_complex(size: Sequence[int], dtype=None, layout=None, device=None
                        memory_format=None):
     """empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor"""
     return aten_zeros_complex(size, dtype)
+
+
+# ------------------------------------------------------------------------------ arithmetic with real operands
+#
+# ATen promotes a real operand of a complex op to complex (imaginary part +0) and computes in complex: so do
+# these, which keeps eager's signed zeros and NaNs (b + 0 is +0 for b = -0; b * 0 is NaN for b = inf). torch_lib's
+# complex rules would read a real operand as pairs along its own last axis (dispatch refuses that).
+
+def _promoted(x, like):
+    if is_complex_value(x):
+        return x
+    real = op.CastLike(x, like)
+    return pairs(real, _zeros_like(real))
+
+
+@project_rule(aten.mul.Tensor, is_complex=True)
+def aten_mul_complex(self, other):
+    """mul.Tensor(Tensor self, Tensor other) -> Tensor"""
+    like = self if is_complex_value(self) else other
+    return torchlib_core.aten_mul_complex(_promoted(self, like), _promoted(other, like))
+
+
+@project_rule(aten.add.Tensor, is_complex=True)
+def aten_add_complex(self, other, alpha: float = 1.0):
+    """add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"""
+    like = self if is_complex_value(self) else other
+    self, other = _promoted(self, like), _promoted(other, like)
+    if alpha != 1:
+        if isinstance(alpha, complex):
+            raise LoweringError("add of complex tensors with a complex alpha: no lowering yet")
+        other = op.Mul(other, op.CastLike(op.Constant(value_float=float(alpha)), other))
+    return op.Add(self, other)
+
+
+@project_rule(aten.sub.Tensor, is_complex=True)
+def aten_sub_complex(self, other, alpha: float = 1.0):
+    """sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"""
+    like = self if is_complex_value(self) else other
+    self, other = _promoted(self, like), _promoted(other, like)
+    if alpha != 1:
+        if isinstance(alpha, complex):
+            raise LoweringError("sub of complex tensors with a complex alpha: no lowering yet")
+        other = op.Mul(other, op.CastLike(op.Constant(value_float=float(alpha)), other))
+    return op.Sub(self, other)
