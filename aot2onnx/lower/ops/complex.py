@@ -334,3 +334,9 @@ def aten_sub_complex(self, other, alpha: float = 1.0):
             raise LoweringError("sub of complex tensors with a complex alpha: no lowering yet")
         other = op.Mul(other, op.CastLike(op.Constant(value_float=float(alpha)), other))
     return op.Sub(self, other)
+
+
+@project_rule(aten.detach.default, is_complex=True)
+def aten_detach_complex(self):
+    """detach(Tensor(a) self) -> Tensor(a)"""
+    return op.Identity(self)
