@@ -47,6 +47,7 @@ __all__ = [
     "profiling",
     "providers_for",
     "as_real_pairs",
+    "from_real_pairs",
     "reset_compiled_graphs",
     "session_options",
 ]
@@ -651,7 +652,7 @@ class OrtGraph:
         it = iter(results)
         for spec in self.signature.outputs:
             if spec.kind is OutputKind.TENSOR:
-                outputs.append(torch.view_as_complex(next(it)) if spec.is_complex else next(it))
+                outputs.append(from_real_pairs(next(it)) if spec.is_complex else next(it))
             elif spec.kind is OutputKind.SYMINT:
                 outputs.append(int(next(it).item()))
             elif spec.kind is OutputKind.INPUT:
@@ -897,6 +898,14 @@ def as_real_pairs(tensor: torch.Tensor) -> torch.Tensor:
     negative bit (a tensor that has one, ``x.conj()``, is resolved first: ``view_as_real`` refuses it)."""
     tensor = tensor.resolve_conj().resolve_neg()
     return torch.view_as_real(tensor if tensor.is_contiguous() else tensor.contiguous())
+
+
+def from_real_pairs(tensor: torch.Tensor) -> torch.Tensor:
+    """The complex tensor whose real [..., 2] pairs a graph returned (``signature``), without a copy. An empty one
+    comes from DLPack with strides of 0, which ``view_as_complex`` refuses: it gets fresh (empty) memory."""
+    if tensor.numel() == 0:
+        tensor = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    return torch.view_as_complex(tensor)
 
 
 def _raise_if_failed(kind: str, api_name: str, value: torch.Tensor, is_matrix: bool) -> None:

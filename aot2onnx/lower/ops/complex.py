@@ -340,3 +340,72 @@ def aten_sub_complex(self, other, alpha: float = 1.0):
 def aten_detach_complex(self):
     """detach(Tensor(a) self) -> Tensor(a)"""
     return op.Identity(self)
+
+
+# ------------------------------------------------------------------------------------------ reductions
+
+def _complex_axes(self, dim) -> list[int]:
+    """ATen's reduction dims (None or [] for all) as axes of the pairs: never the pair axis. torch_lib's complex
+    sum and mean passed an empty list on to ONNX, whose reductions then reduce every axis, the pairs' too (the
+    sum of a 0-d complex tensor came back 0-d)."""
+    rank = _rank(self)
+    if dim is None or (not isinstance(dim, int) and len(dim) == 0):
+        return list(range(rank))
+    return sorted({d % rank for d in ([dim] if isinstance(dim, int) else dim)})
+
+
+def _reduce(reduction, self, dim, keepdim: bool, dtype):
+    if dtype not in (-1, None) and _PARTS.get(ir.DataType(dtype)) != self.dtype:
+        raise LoweringError("a complex reduction into another dtype: no lowering yet")
+    axes = _complex_axes(self, dim)
+    if not axes:  # a 0-d complex tensor
+        return op.Identity(self)
+    return reduction(self, op.Constant(value_ints=axes), keepdims=int(keepdim))
+
+
+@project_rule(aten.sum.default, is_complex=True)
+def aten_sum_complex(self, dtype=-1):
+    """sum(Tensor self, *, ScalarType? dtype=None) -> Tensor"""
+    return _reduce(op.ReduceSum, self, None, False, dtype)
+
+
+@project_rule(aten.sum.dim_IntList, is_complex=True)
+def aten_sum_dim_complex(self, dim=None, keepdim: bool = False, dtype=-1):
+    """sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor"""
+    return _reduce(op.ReduceSum, self, dim, keepdim, dtype)
+
+
+@project_rule(aten.mean.default, is_complex=True)
+def aten_mean_complex(self, dtype=-1):
+    """mean(Tensor self, *, ScalarType? dtype=None) -> Tensor"""
+    return _reduce(op.ReduceMean, self, None, False, dtype)
+
+
+@project_rule(aten.mean.dim, is_complex=True)
+def aten_mean_dim_complex(self, dim=None, keepdim: bool = False, dtype=-1):
+    """mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor"""
+    return _reduce(op.ReduceMean, self, dim, keepdim, dtype)
+
+
+@project_rule(aten.squeeze.default, is_complex=True)
+def aten_squeeze_complex(self):
+    """squeeze(Tensor(a) self) -> Tensor(a)"""
+    return aten_squeeze_dims_complex(self, list(range(_rank(self))))
+
+
+@project_rule(aten.abs.default, is_complex=True)
+def aten_abs_complex(self):
+    """abs(Tensor self) -> Tensor (complex input: its magnitude, a real tensor)"""
+    # hypot(re, im), as ATen's kernel (Sleef's hypot): scaled by the larger part, so that it does not overflow
+    # where re * re does (torch_lib's ReduceL2 gave inf for |re| > 1.8e19 in float32). Infinite beats NaN.
+    a, b = op.Abs(real_part(self)), op.Abs(imag_part(self))
+    larger, smaller = op.Max(a, b), op.Min(a, b)
+    ratio = op.Div(smaller, larger)
+    one = op.CastLike(op.Constant(value_float=1.0), a)
+    magnitude = op.Mul(larger, op.Sqrt(op.Add(one, op.Mul(ratio, ratio))))
+    zero = op.CastLike(op.Constant(value_float=0.0), a)
+    magnitude = op.Where(op.Equal(larger, zero), zero, magnitude)
+    nan = op.CastLike(op.Constant(value_float=float("nan")), a)
+    magnitude = op.Where(op.Or(op.IsNaN(a), op.IsNaN(b)), nan, magnitude)
+    inf = op.CastLike(op.Constant(value_float=float("inf")), a)
+    return op.Where(op.Or(op.IsInf(a), op.IsInf(b)), inf, magnitude)
