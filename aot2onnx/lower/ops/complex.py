@@ -316,24 +316,28 @@ def aten_mul_complex(self, other):
 def aten_add_complex(self, other, alpha: float = 1.0):
     """add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"""
     like = self if is_complex_value(self) else other
-    self, other = _promoted(self, like), _promoted(other, like)
-    if alpha != 1:
-        if isinstance(alpha, complex):
-            raise LoweringError("add of complex tensors with a complex alpha: no lowering yet")
-        other = op.Mul(other, op.CastLike(op.Constant(value_float=float(alpha)), other))
-    return op.Add(self, other)
+    return op.Add(_promoted(self, like), _times_alpha(_promoted(other, like), alpha))
+
+
+def _times_alpha(other, alpha):
+    """other * alpha as ATen's add kernel computes it, ``a + alpha * b`` with alpha a complex number even when it
+    is 1: (re * alpha - im * 0) + (re * 0 + im * alpha)i, so that an infinite part makes a NaN (z + z of
+    z = inf + 1j is inf + nanj in eager)."""
+    if isinstance(alpha, complex):
+        raise LoweringError("add or sub of complex tensors with a complex alpha: no lowering yet")
+    re, im = real_part(other), imag_part(other)
+    a = op.CastLike(op.Constant(value_float=float(alpha)), re)
+    zero = op.CastLike(op.Constant(value_float=0.0), re)
+    return pairs(op.Sub(op.Mul(re, a), op.Mul(im, zero)), op.Add(op.Mul(re, zero), op.Mul(im, a)))
 
 
 @project_rule(aten.sub.Tensor, is_complex=True)
 def aten_sub_complex(self, other, alpha: float = 1.0):
     """sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"""
-    like = self if is_complex_value(self) else other
-    self, other = _promoted(self, like), _promoted(other, like)
-    if alpha != 1:
-        if isinstance(alpha, complex):
-            raise LoweringError("sub of complex tensors with a complex alpha: no lowering yet")
-        other = op.Mul(other, op.CastLike(op.Constant(value_float=float(alpha)), other))
-    return op.Sub(self, other)
+    # ATen's sub is add with -alpha.
+    if isinstance(alpha, complex):
+        raise LoweringError("sub of complex tensors with a complex alpha: no lowering yet")
+    return aten_add_complex(self, other, -alpha)
 
 
 @project_rule(aten.detach.default, is_complex=True)
@@ -409,3 +413,10 @@ def aten_abs_complex(self):
     magnitude = op.Where(op.Or(op.IsNaN(a), op.IsNaN(b)), nan, magnitude)
     inf = op.CastLike(op.Constant(value_float=float("inf")), a)
     return op.Where(op.Or(op.IsInf(a), op.IsInf(b)), inf, magnitude)
+
+
+@project_rule(aten.where.self, is_complex=True)
+def aten_where_complex(condition, self, other):
+    """where.self(Tensor condition, Tensor self, Tensor other) -> Tensor"""
+    like = self if is_complex_value(self) else other
+    return op.Where(op.Unsqueeze(condition, axes=[-1]), _promoted(self, like), _promoted(other, like))
