@@ -104,7 +104,7 @@ def test_irfft_output_length_follows_n_and_ignores_the_edge_imaginary_parts():
     # irfft reads the imaginary parts of the zero and (for an even n) the Nyquist frequency as zero.
     x = _signal(torch.float64, True, (2, 5))
     for n in (8, 9):
-        actual, expected = _compiled(lambda x: torch.fft.irfft(x, n=n))(x), torch.fft.irfft(x, n=n)
+        actual, expected = _compiled(lambda x, n=n: torch.fft.irfft(x, n=n))(x), torch.fft.irfft(x, n=n)
         assert actual.shape == (2, n)
         _close(actual, expected, f"irfft n={n}")
 
@@ -229,7 +229,7 @@ def test_a_spectral_convolution_trains_fully_on_onnx_runtime():
     for (name, p), q in zip(model.named_parameters(), eager.parameters()):
         # Adam's steps are lr-sized whatever the gradient's scale, so the parameters agree to within float32
         # rounding of the FFTs' error over four steps.
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_export_refuses_complex_parameters_clearly(tmp_path):
