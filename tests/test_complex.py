@@ -243,3 +243,14 @@ def test_export_refuses_complex_parameters_clearly(tmp_path):
 
     with pytest.raises(CaptureError, match="complex tensors cannot be exported.*'layer.weight'"):
         aot2onnx.export_training(Loss(), (torch.randn(2, 3, 8, 8),), tmp_path / "artifact")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_stft_and_istft_match_eager(dtype):
+    window = torch.hann_window(16, dtype=dtype)
+
+    def roundtrip(x):
+        spectrum = torch.stft(x, 16, hop_length=4, window=window, return_complex=True)
+        return torch.view_as_real(spectrum).square().sum(), torch.istft(spectrum * 2, 16, hop_length=4, window=window, length=96)
+
+    _check(roundtrip, _signal(dtype, False, (2, 96)))
