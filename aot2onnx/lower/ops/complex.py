@@ -19,7 +19,7 @@ from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
 from aot2onnx.errors import LoweringError
 from aot2onnx.lower.ops import views
-from aot2onnx.lower.ops._common import is_complex_value
+from aot2onnx.lower.ops._common import is_complex_value, mark_complex
 from aot2onnx.lower.ops.core import aten_copy
 from aot2onnx.lower.registry import project_rule
 
@@ -260,9 +260,8 @@ def aten_new_zeros_complex(self, size: Sequence[int], dtype=-1, layout=None, dev
 @project_rule(aten.mul.Scalar, is_complex=True)
 def aten_mul_scalar_complex(self, other: float):
     """mul.Scalar(Tensor self, Scalar other) -> Tensor"""
-    if isinstance(other, complex):
-        raise LoweringError("mul.Scalar of a complex tensor by a complex number: no lowering yet")
-    return op.Mul(self, op.CastLike(op.Constant(value_float=float(other)), self))
+    # ATen multiplies by the complex number other + 0j: (inf + 1j) * 2 is inf + nanj.
+    return _times_alpha(self, other)
 
 
 @project_rule(aten.scalar_tensor.default, is_complex=True)
@@ -320,7 +319,7 @@ def aten_add_complex(self, other, alpha: float = 1.0):
 
 
 def _times_alpha(other, alpha):
-    """other * alpha as ATen's add kernel computes it, ``a + alpha * b`` with alpha a complex number even when it
+    """other * alpha (a real number) as ATen's add kernel computes it, ``a + alpha * b`` with alpha a complex number even when it
     is 1: (re * alpha - im * 0) + (re * 0 + im * alpha)i, so that an infinite part makes a NaN (z + z of
     z = inf + 1j is inf + nanj in eager)."""
     if isinstance(alpha, complex):
@@ -329,6 +328,16 @@ def _times_alpha(other, alpha):
     a = op.CastLike(op.Constant(value_float=float(alpha)), re)
     zero = op.CastLike(op.Constant(value_float=0.0), re)
     return pairs(op.Sub(op.Mul(re, a), op.Mul(im, zero)), op.Add(op.Mul(re, zero), op.Mul(im, a)))
+
+
+@project_rule(aten.add.Scalar, is_complex=True)
+def aten_add_scalar_complex(self, other, alpha: float = 1.0):
+    """add.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor"""
+    # The number is complex: torch_lib's complex rule added a real one to both parts.
+    number = complex(other)
+    pair = op.CastLike(op.Constant(value_floats=[number.real, number.imag]), self)
+    mark_complex(pair)
+    return aten_add_complex(self, pair, alpha)
 
 
 @project_rule(aten.sub.Tensor, is_complex=True)
@@ -420,3 +429,10 @@ def aten_where_complex(condition, self, other):
     """where.self(Tensor condition, Tensor self, Tensor other) -> Tensor"""
     like = self if is_complex_value(self) else other
     return op.Where(op.Unsqueeze(condition, axes=[-1]), _promoted(self, like), _promoted(other, like))
+
+
+@project_rule(aten.copy_.default, is_complex=True)
+def aten_copy__complex(self, src, non_blocking: bool = False):
+    """copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)"""
+    # A written complex input (AOTAutograd's mutation epilogue): the runtime copies the pairs into its memory.
+    return aten_copy_complex(self, src, non_blocking)
