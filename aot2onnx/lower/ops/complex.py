@@ -114,13 +114,12 @@ def aten_alias_complex(self):
 @project_rule(aten.copy.default, is_complex=True)
 def aten_copy_complex(self, src, non_blocking: bool = False):
     """copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor"""
-    if _is_pair(src, self):
+    # Both complex, of one precision: the pairs are copied as the real rule copies (a cast between real and
+    # complex, or between precisions, is not a plain copy of the pairs).
+    if is_complex_value(self) and is_complex_value(src) and src.dtype == self.dtype:
         return aten_copy(self, src, non_blocking)
-    raise LoweringError("copy of a real tensor into a complex one: no lowering yet (cast it first)")
-
-
-def _is_pair(src: ir.Value, like: ir.Value) -> bool:
-    return is_complex_value(src) and src.dtype == like.dtype
+    raise LoweringError("copy between a complex tensor and a real one, or complex tensors of two precisions: no "
+                        "lowering yet")
 
 
 @project_rule(aten.slice_scatter.default, is_complex=True)
@@ -191,6 +190,8 @@ def _cast(self, dtype):
     discards the imaginary ones)."""
     to = ir.DataType(dtype)
     if is_complex_value(self):
+        if to == ir.DataType.BOOL:  # nonzero real or imaginary part, not the real part's truth
+            raise LoweringError("a complex tensor cast to bool: no lowering yet")
         return op.Cast(self, to=_PARTS[to]) if to in _PARTS else op.Cast(real_part(self), to=to)
     if to not in _PARTS:
         raise LoweringError(f"a real cast to {to} reached a complex rule")
@@ -227,6 +228,8 @@ def aten__conj_physical_complex(self):
 
 def _product(a, b):
     """a @ b of complex matrices (batched alike) in one real MatMul: [ar, ai] @ [[br, bi], [-bi, br]]."""
+    if not (is_complex_value(a) and is_complex_value(b)):
+        raise LoweringError("a matrix product of a complex matrix and a real one (ATen refuses mixed dtypes)")
     ar, ai, br, bi = real_part(a), imag_part(a), real_part(b), imag_part(b)
     left = op.Concat(ar, ai, axis=-1)
     right = op.Concat(op.Concat(br, bi, axis=-1), op.Concat(op.Neg(bi), br, axis=-1), axis=-2)
