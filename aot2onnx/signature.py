@@ -3,6 +3,11 @@
 Lowering produces a :class:`GraphSignature`; the runtime follows it. An FX graph from AOTAutograd takes
 tensors and Python ints (symbolic sizes) and returns tensors, ints and ``None``; an ONNX graph takes and
 returns tensors only, each once. The signature records the difference.
+
+ONNX has no complex type that ONNX Runtime computes with: a complex tensor travels through a lowered graph,
+and across its boundary, as a real tensor of the same precision with a trailing axis of 2 (real and
+imaginary parts, ``torch.view_as_real``'s layout). ``is_complex`` on an input or output says so: the runtime
+binds ``view_as_real`` of a complex input and returns ``view_as_complex`` of a complex output.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class OutputKind(enum.Enum):
 class InputSpec:
     kind: InputKind
     onnx_name: str | None = None
+    is_complex: bool = False  # a complex tensor, bound as its real [..., 2] view
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +70,7 @@ class OutputSpec:
     onnx_name: str | None = None
     index: int | None = None  # the input position (INPUT) or the earlier output position (DUPLICATE)
     value: object = None  # the constant (CONSTANT)
+    is_complex: bool = False  # a complex tensor (TENSOR), which the ONNX output holds as real [..., 2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +115,11 @@ class GraphSignature:
         return tuple(
             o.onnx_name for o in self.outputs if o.kind in (OutputKind.TENSOR, OutputKind.SYMINT)
         )
+
+    @property
+    def has_complex(self) -> bool:
+        """Whether a complex tensor crosses the graph's boundary (as a real [..., 2] tensor)."""
+        return any(spec.is_complex for spec in (*self.inputs, *self.outputs))
 
 
 @dataclasses.dataclass(frozen=True)

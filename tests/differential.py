@@ -91,7 +91,8 @@ class Tol:
 
     out: ULPs of each floating output. inp: ULPs of each floating operand element (what any summation order
     costs per term). abs: absolute error, in units of the dtype's epsilon. abs_x: absolute error in units of
-    epsilon times |first operand|.
+    epsilon times |first operand|. abs_out_n: absolute error in units of epsilon times the largest magnitude of
+    the output, per term (an FFT's error is of the whole signal's size, eps log(n) ||x||, not of each element's).
     """
 
     out: float = 0.0
@@ -101,6 +102,7 @@ class Tol:
     abs: float = 0.0
     abs_n: float = 0.0
     abs_x: float = 0.0
+    abs_out_n: float = 0.0  # absolute, in units of epsilon times the output's largest magnitude, per term (FFTs)
 
     def at(self, n: int) -> tuple[float, float, float, float]:
         """(output ULPs, operand ULPs, absolute epsilons, epsilons of |x|) for n terms."""
@@ -145,8 +147,12 @@ _budget(Tol(inp_n=1, out=1), "avg_pool2d", "avg_pool2d_backward", "_adaptive_avg
 _budget(Tol(inp_n=1), "index_add", "scatter_add")  # n = how many sources one element can receive
 # (x - mean) / sqrt(var + eps) * w + b: the statistics' terms, then a few roundings. Their backward ops are
 # decomposed into noisy primitives (_DECOMPOSED).
+# Any FFT of n terms: within eps * log2(n) * ||x||_2 (scaled as the output), at most eps * n * max|output|.
+_budget(Tol(abs_out_n=1), "_fft_r2c", "_fft_c2c", "_fft_c2r")
 _budget(Tol(inp_n=2, out=8), "native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",
         "_native_batch_norm_legit_functional", "native_group_norm")
+
+_COMPLEX_ABS = Tol(out=2)
 
 NOISE_SAMPLES = 4
 SAFETY = 4.0  # compiled may be this many times the noisy runs' spread away from eager
@@ -635,6 +641,53 @@ def _gen_norm(g: _Gen) -> bool:
     return g.try_add(op, f"F.group_norm({{0}}, {groups}, {w}, {b}, eps={_fmt(eps)})", [a, *extra])
 
 
+_NORMS = ("backward", "forward", "ortho")
+# An FFT's rounding error is of the size of the whole signal, and the order of its sums is not eager's: a signal
+# with an infinity, a NaN or a value near overflow would give NaN or inf in another pattern. Complex
+# statements take finite operands of moderate size.
+_SPECTRAL_LIMIT = 1e15
+
+
+def _gen_spectral(g: _Gen) -> bool:
+    """A statement through complex values, real in and out: FFTs (fft, rfft, irfft, hfft; a circular
+    convolution), complex products, sums and magnitudes."""
+    rng = g.rng
+    a = g.pick()
+    x = g.env[a]
+    if x.dim() == 0 or not torch.isfinite(x).all() or x.abs().max() > _SPECTRAL_LIMIT:
+        return False
+    d = rng.randrange(x.dim())
+    norm = rng.choice(_NORMS)
+    size = x.shape[d]
+    n = rng.choice((size, size, size + 1, max(1, size - 1), 2 * size))
+    form = rng.random()
+    if form < 0.25:
+        return g.try_add("fft", f"torch.fft.fft({{0}}, n={n}, dim={d}, norm={norm!r}).abs()", [a])
+    if form < 0.45:
+        return g.try_add("rfft", f"torch.view_as_real(torch.fft.rfft({{0}}, n={n}, dim={d}, norm={norm!r}))"
+                                 f".sum(-1)", [a])
+    if form < 0.65:
+        # the real signal of a (scaled) one-sided spectrum, n its length
+        c = rng.choice((0.5, 2.0, -1.0))
+        return g.try_add("irfft", f"torch.fft.irfft(torch.fft.rfft({{0}}, dim={d}, norm={norm!r}) * {_fmt(c)}, "
+                                  f"n={n}, dim={d}, norm={norm!r})", [a])
+    if form < 0.75:
+        return g.try_add("hfft", f"torch.fft.hfft(torch.complex({{0}}, {{0}} * 0.5), n={n}, dim={d}, norm={norm!r})",
+                         [a])
+    b = g.pick_broadcastable(a)
+    y = g.env[b]
+    if not torch.isfinite(y).all() or y.abs().max() > _SPECTRAL_LIMIT:
+        return False
+    if form < 0.9:
+        # circular convolution of a and b along d
+        return g.try_add("rfft", f"torch.fft.irfft(torch.fft.rfft({{0}}, dim={d}, norm={norm!r}) * "
+                                 f"torch.fft.rfft({{1}}.expand_as({{0}}), dim={d}, norm={norm!r}), n={size}, dim={d}, "
+                                 f"norm={norm!r})", [a, b])
+    part = rng.choice(("real", "imag"))
+    return g.try_add("complex", f"(torch.complex({{0}}, {{1}}.expand_as({{0}})) * torch.complex({{1}}.expand_as({{0}}), "
+                            f"{{0}}) + torch.complex({{0}}, {{0}})).{part}", [a, b])
+
+
 _FAMILIES: tuple[tuple[Callable[[_Gen], bool], float], ...] = (
     (_gen_unary, 4.0),
     (_gen_binary, 4.0),
@@ -667,15 +720,21 @@ def _input_shapes(g: _Gen) -> list[tuple[int, ...]]:
     return shapes
 
 
-def generate(seed: int) -> Program:
-    """The program of ``seed``: the same program, inputs and constants for the same seed."""
+# Complex programs: the families above and statements through complex values (generate(seed, spectral=True)).
+# A family list of its own, so that adding it changes no other seed's program.
+_SPECTRAL_FAMILIES = (*_FAMILIES, (_gen_spectral, 6.0))
+
+
+def generate(seed: int, *, spectral: bool = False) -> Program:
+    """The program of ``seed``: the same program, inputs and constants for the same seed. ``spectral``: with
+    statements through complex values (FFTs, complex products), each real in and out."""
     g = _Gen(seed)
     inputs = [g.input_tensor(s) for s in _input_shapes(g)]
     for i, x in enumerate(inputs):
         g.env[f"x{i}"] = x
         g.pool.append(f"x{i}")
     length = g.rng.randint(3, 10)
-    families, weights = zip(*_FAMILIES)
+    families, weights = zip(*(_SPECTRAL_FAMILIES if spectral else _FAMILIES))
     attempts = 0
     while len(g.stmts) < length and attempts < 200:
         attempts += 1
@@ -742,6 +801,11 @@ def _terms(name: str, args: Sequence[Any], out: Any) -> int:
         return max(1, first.numel() // first.shape[1])
     if name == "native_group_norm":
         return max(1, first.numel() // (args[3] * args[6]))  # N, C, HxW, group
+    if name in ("_fft_r2c", "_fft_c2c", "_fft_c2r"):
+        sizes = [first.shape[d] for d in args[1]]
+        if name == "_fft_c2r":
+            sizes[-1] = args[3]  # the output's length along the last dim
+        return max(1, math.prod(sizes))
     if name == "index_add":
         return int(torch.bincount(args[2]).max()) if args[2].numel() else 1
     if name == "scatter_add":
@@ -765,6 +829,8 @@ class Noise(TorchDispatchMode):
         return torch.randint(0, 2, tuple(shape), generator=self.gen).to(torch.float64) * 2 - 1
 
     def _move(self, y: Any, ulps: float, absolute: torch.Tensor | float | None = None) -> Any:
+        if isinstance(y, torch.Tensor) and y.is_complex():  # each part by the budget
+            return torch.view_as_complex(self._move(torch.view_as_real(y.resolve_conj()), ulps, absolute).contiguous())
         if not isinstance(y, torch.Tensor) or not y.is_floating_point() or not (ulps or absolute is not None):
             return y
         y64 = y.to(torch.float64)
@@ -781,18 +847,23 @@ class Noise(TorchDispatchMode):
                 return torch._decomp.decomposition_table[func](*args, **kwargs)
         name = func.overloadpacket.__name__
         tol = TOLERANCES.get(name)
+        if name == "abs" and args and isinstance(args[0], torch.Tensor) and args[0].is_complex():
+            tol = _COMPLEX_ABS  # a hypot: within ulps, where the real abs is exact
         if tol is None or name.endswith("_"):
             return func(*args, **kwargs)
-        n = _terms(name, args, func(*args, **kwargs)) if tol.inp_n or tol.out_n or tol.abs_n else 1
+        n = _terms(name, args, func(*args, **kwargs)) if tol.inp_n or tol.out_n or tol.abs_n or tol.abs_out_n else 1
         out_ulps, in_ulps, abs_eps, abs_x = tol.at(n)
         if in_ulps:
             args = [self._move(a, in_ulps) for a in args]
         out = func(*args, **kwargs)
         first = out[0] if isinstance(out, (tuple, list)) else out
-        if not first.is_floating_point():
+        if not (first.is_floating_point() or first.is_complex()):
             return out
         eps = torch.finfo(first.dtype).eps
         absolute: Any = abs_eps * eps if abs_eps else None
+        if tol.abs_out_n and first.numel():
+            largest = (torch.view_as_real(first) if first.is_complex() else first).detach().abs().max()
+            absolute = (absolute or 0.0) + tol.abs_out_n * n * eps * largest.to(torch.float64)
         if abs_x:
             absolute = (absolute or 0.0) + abs_x * eps * args[0].detach().abs().to(torch.float64)
         if name == "gelu_backward":  # 1 - tanh^2 and 1 + erf cancel: relative to |grad| (1 + |x| + |x|^3 / 5)

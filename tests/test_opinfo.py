@@ -416,7 +416,7 @@ def _review(entry: Entry, dtype: torch.dtype, opset: int, fwd: Check, bwd: Check
             continue  # the forward failed (a bwd xfail waits until it passes), or ONNX Runtime has no kernel
         if check.outcome == "n/a":
             # An integer or bool sample has no backward to check: a bwd xfail is the floating dtypes'.
-            if expected is not None and dtype.is_floating_point:
+            if expected is not None and (dtype.is_floating_point or dtype.is_complex):
                 problems.append(f"{where}: no gradients were checked; remove the xfail ({expected.reason})")
             continue
         if expected is None:
@@ -456,7 +456,8 @@ def _samples(opinfo: Any, dtype: torch.dtype, check_grad: bool, first_only: bool
 
 
 def _checks_grad(opinfo: Any, dtype: torch.dtype) -> bool:
-    return opinfo.supports_autograd and dtype.is_floating_point and dtype in opinfo.supported_backward_dtypes("cpu")
+    return (opinfo.supports_autograd and (dtype.is_floating_point or dtype.is_complex)
+            and dtype in opinfo.supported_backward_dtypes("cpu"))
 
 
 @pytest.mark.parametrize("name", sorted(OPINFOS))
@@ -488,11 +489,36 @@ def test_opinfo(name: str) -> None:
     check_expectations(entry, dtype, outcomes)
 
 
+# OpInfos checked on complex inputs too: those whose ops lower with complex tensors (as real [..., 2] pairs,
+# aot2onnx.lower.ops.complex and fft). The default run checks their first complex64 sample; the slow run every
+# complex64 and complex128 sample.
+COMPLEX_OPINFOS = tuple(name for name in (
+    "abs", "add", "bmm", "cat", "clone", "conj_physical", "expand", "fft.fft", "fft.fft2", "fft.fftn", "fft.hfft",
+    "fft.hfft2", "fft.hfftn", "fft.ifft", "fft.ifft2", "fft.ifftn", "fft.irfft", "fft.irfft2", "fft.irfftn", "flip",
+    "imag", "mean", "mm", "mul", "narrow", "neg", "permute", "real", "reshape", "roll", "select", "squeeze", "stack", "sub",
+    "sum", "t", "transpose", "unsqueeze", "view", "view_as_real",
+) if name in OPINFOS and torch.complex64 in OPINFOS[name].supported_dtypes("cpu"))
+COMPLEX_DTYPES = (torch.complex64, torch.complex128)
+
+
+@pytest.mark.parametrize("name", COMPLEX_OPINFOS)
+def test_opinfo_complex(name: str) -> None:
+    """The first complex64 sample, forward and backward, at opset 18 and (replayed) at the newer target opsets."""
+    opinfo, entry, dtype = OPINFOS[name], ENTRIES.get(name, Entry()), torch.complex64
+    check_grad = _checks_grad(opinfo, dtype)
+    samples = _samples(opinfo, dtype, check_grad, first_only=True)
+    assert samples, f"{name} yields no complex64 sample"
+    result = run_sample(opinfo, samples[0], dtype, TARGET_OPSETS[0], entry, check_grad, TARGET_OPSETS[1:])
+    outcomes = {TARGET_OPSETS[0]: (result.fwd, result.bwd)}
+    outcomes.update({n: result.replays.get(n, (result.fwd, result.bwd)) for n in TARGET_OPSETS[1:]})
+    check_expectations(entry, dtype, outcomes)
+
+
 def _slow_params() -> list[Any]:
     return [
         pytest.param(name, dtype, id=f"{str(dtype).removeprefix('torch.')}-{name}")
         for name, opinfo in sorted(OPINFOS.items())
-        for dtype in SLOW_DTYPES
+        for dtype in (*SLOW_DTYPES, *(COMPLEX_DTYPES if name in COMPLEX_OPINFOS else ()))
         if dtype in opinfo.supported_dtypes("cpu")
     ]
 

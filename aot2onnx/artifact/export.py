@@ -611,6 +611,21 @@ def export_training(
         _TIED.reset(token)
 
 
+def _refuse_complex(tensors: dict[str, torch.Tensor], example_inputs: Sequence[Any]) -> None:
+    """Complex tensors lower (as real pairs) and run in compiled graphs, but the artifact's signature, state file and
+    torch-free trainers are real-valued: a complex parameter, buffer or input is refused before anything is traced."""
+    named = [*((f"state {name!r}", t) for name, t in tensors.items()),
+             *((f"input {i}", t) for i, t in enumerate(example_inputs))]
+    found = [what for what, t in named if isinstance(t, torch.Tensor) and t.is_complex()]
+    if found:
+        raise CaptureError(
+            f"complex tensors cannot be exported in a training artifact yet ({', '.join(found[:4])}"
+            f"{' and more' if len(found) > 4 else ''} is complex): hold them as real tensors with a trailing axis of 2 "
+            "(torch.view_as_real) and use torch.view_as_complex inside forward, or train with "
+            "torch.compile(backend='aot2onnx'), which runs complex tensors"
+        )
+
+
 def _export(
     module: nn.Module, example_inputs: tuple[torch.Tensor, ...], out_dir: pathlib.Path, optimizer: Optimizer | None,
     dynamic_batch: bool, opset: int, report: _Progress, tensors: dict[str, torch.Tensor], state: list[dict],
@@ -619,7 +634,16 @@ def _export(
     from aot2onnx.artifact import edge  # see export_training
 
     input_names = _input_names(module, len(example_inputs), set(tensors))
+    _refuse_complex(tensors, example_inputs)
     trace = _capture(module, example_inputs, dynamic_batch=dynamic_batch, opset=opset, progress=report)
+    for kind, graph in (("forward", trace.forward), ("backward", trace.backward)):
+        if graph.lowered.signature.has_complex:
+            raise CaptureError(
+                f"the {kind} graph takes or returns a complex tensor, which an "
+                "artifact cannot describe yet (its signature, state file and trainers are real-valued); return "
+                "torch.view_as_real(...) of it, or train with torch.compile(backend='aot2onnx'), which runs complex "
+                "tensors"
+            )
     with report.stage("naming the models' inputs and outputs"):
         forward_model, forward_section, feeds = _forward_model(trace.forward, input_names, trace.symbols)
         backward_model, backward_section, trained = _backward_model(trace.backward, input_names, feeds, trace.symbols)

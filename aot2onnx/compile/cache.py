@@ -80,7 +80,7 @@ __all__ = [
 
 logger = logging.getLogger("aot2onnx")
 
-_FORMAT = "aot2onnx.cache/2"  # 2: entries carry an HMAC
+_FORMAT = "aot2onnx.cache/3"  # 2: entries carry an HMAC; 3: signatures say which tensors are complex
 _OFF = ("", "0", "off", "false", "no")
 
 
@@ -554,8 +554,10 @@ def _signature_to_json(signature: GraphSignature) -> dict[str, Any] | None:
     for spec in signature.outputs:
         if spec.value is not None and not isinstance(spec.value, (bool, int, float, str)):
             return None  # a constant JSON cannot hold: not cached
-        outputs.append({"kind": spec.kind.value, "onnx_name": spec.onnx_name, "index": spec.index, "value": spec.value})
-    inputs = [{"kind": spec.kind.value, "onnx_name": spec.onnx_name} for spec in signature.inputs]
+        outputs.append({"kind": spec.kind.value, "onnx_name": spec.onnx_name, "index": spec.index, "value": spec.value,
+                        "is_complex": spec.is_complex})
+    inputs = [{"kind": spec.kind.value, "onnx_name": spec.onnx_name, "is_complex": spec.is_complex}
+              for spec in signature.inputs]
     mutations = [{"index": spec.index, "onnx_name": spec.onnx_name} for spec in signature.mutations]
     checks = [{"onnx_name": c.onnx_name, "api_name": c.api_name, "is_matrix": c.is_matrix, "kind": c.kind}
               for c in signature.checks]
@@ -563,9 +565,10 @@ def _signature_to_json(signature: GraphSignature) -> dict[str, Any] | None:
 
 
 def _signature_from_json(data: dict[str, Any]) -> GraphSignature:
-    inputs = tuple(InputSpec(InputKind(i["kind"]), i["onnx_name"]) for i in data["inputs"])
+    inputs = tuple(InputSpec(InputKind(i["kind"]), i["onnx_name"], i["is_complex"]) for i in data["inputs"])
     outputs = tuple(
-        OutputSpec(OutputKind(o["kind"]), o["onnx_name"], o["index"], o["value"]) for o in data["outputs"]
+        OutputSpec(OutputKind(o["kind"]), o["onnx_name"], o["index"], o["value"], o["is_complex"])
+        for o in data["outputs"]
     )
     mutations = tuple(MutationSpec(m["index"], m["onnx_name"]) for m in data["mutations"])
     checks = tuple(CheckSpec(c["onnx_name"], c["api_name"], c["is_matrix"], c.get("kind", "linalg"))

@@ -74,10 +74,6 @@ class _Lowerable(OperatorSupportBase):
         decision = self._plan.nodes.get(node.name)
         if decision is None or decision.node.target != node.target:
             return False
-        if decision.is_complex or decision.complex_output:
-            # A partition's inputs and outputs are handed over as they are, and ONNX has no complex type (a
-            # lowered graph carries complex values as real [..., 2] tensors): such nodes stay in PyTorch.
-            return False
         return decision.rule is not None
 
 

@@ -9,23 +9,36 @@ from typing import Any
 import torch
 import torch.fx
 
-from aot2onnx.lower.registry import Registry, Rule
+from aot2onnx.lower.registry import Origin, Registry, Rule
 
 __all__ = ["dispatch", "is_complex_node", "is_passthrough_getitem"]
 
 
-def is_complex_node(node: torch.fx.Node) -> bool:
-    """Whether any tensor argument of ``node`` is complex (complex rules are registered apart)."""
+def _complex(val: Any) -> bool:
+    if isinstance(val, (list, tuple)):
+        return any(_complex(v) for v in val)
+    return isinstance(val, torch.Tensor) and val.is_complex()
 
-    def complex_arg(arg: Any) -> bool:
+
+def _tensor_args(node: torch.fx.Node) -> list[torch.Tensor]:
+    def vals(arg: Any) -> list[torch.Tensor]:
         if isinstance(arg, torch.fx.Node):
             val = arg.meta.get("val")
-            return isinstance(val, torch.Tensor) and val.is_complex()
+            return [val] if isinstance(val, torch.Tensor) else []
         if isinstance(arg, (list, tuple)):
-            return any(complex_arg(a) for a in arg)
-        return False
+            return [v for a in arg for v in vals(a)]
+        return []
 
-    return any(complex_arg(a) for a in (*node.args, *node.kwargs.values()))
+    return [v for a in (*node.args, *node.kwargs.values()) for v in vals(a)]
+
+
+def is_complex_node(node: torch.fx.Node) -> bool:
+    """Whether ``node`` reads or makes a complex tensor: complex rules, registered apart, lower it.
+
+    A lowered graph carries a complex tensor as a real one with a trailing axis of 2, so a rule that makes one
+    from real inputs (``view_as_complex``, ``_fft_r2c``, a cast to a complex dtype) must know it does: a real
+    rule would make a value without that axis (a Cast to ONNX's COMPLEX64, which nothing computes with)."""
+    return any(v.is_complex() for v in _tensor_args(node)) or _complex(node.meta.get("val"))
 
 
 def is_passthrough_getitem(node: torch.fx.Node) -> bool:
@@ -38,4 +51,13 @@ def is_passthrough_getitem(node: torch.fx.Node) -> bool:
 
 def dispatch(node: torch.fx.Node, registry: Registry, opset: int) -> tuple[Rule | None, str]:
     """The rule that lowers the call_function ``node`` at ``opset``, or ``None`` and the reason."""
-    return registry.lookup(node.target, opset, is_complex=is_complex_node(node))
+    is_complex = is_complex_node(node)
+    rule, reason = registry.lookup(node.target, opset, is_complex=is_complex)
+    if rule is not None and is_complex and rule.origin == Origin.TORCHLIB:
+        tensors = _tensor_args(node)
+        if any(v.is_complex() for v in tensors) and any(v.is_floating_point() for v in tensors):
+            # torch_lib's complex rules read every float operand as a [..., 2] pair: a real one (complex * real
+            # weight) would be sliced along its own last axis, a wrong number rather than an error.
+            return None, (f"{rule.origin} rule {rule.name} reads every float operand as complex, and this node "
+                          "mixes real and complex ones")
+    return rule, reason

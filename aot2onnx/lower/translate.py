@@ -28,6 +28,7 @@ from aot2onnx.capture._torch_compat import unset_fake_temporarily
 from aot2onnx.errors import LoweringError, UnsupportedOpError, user_source_line
 from aot2onnx.lower import _exporter_compat as exporter
 from aot2onnx.lower.checks import Check, collecting
+from aot2onnx.lower.ops._common import mark_complex
 from aot2onnx.lower.ops._control import for_device
 from aot2onnx.lower.plan import GraphPlan, NodePlan, build_opset, plan_graph
 from aot2onnx.lower.recorder import Recorder
@@ -83,6 +84,8 @@ def _value_for_placeholder(node: torch.fx.Node, opset: onnxscript.values.Opset) 
     value = exporter.SymbolicTensor(opset, name=node.name)
     if isinstance(val, torch.Tensor):
         exporter.set_shape_type(value, val, complex_to_float=True)
+        if val.is_complex():
+            mark_complex(value)
     elif isinstance(val, (int, torch.SymInt)):
         value.dtype = ir.DataType.INT64
         value.shape = ir.Shape([])
@@ -194,6 +197,7 @@ def _set_shape_type(value: ir.Value, meta: Any) -> None:
     which the exporter adds only to a value without a dtype yet: the recorder gives its outputs theirs."""
     if isinstance(meta, torch.Tensor) and meta.dtype.is_complex:
         value.dtype = None
+        mark_complex(value)
     exporter.set_shape_type(value, meta, complex_to_float=True)
 
 
@@ -277,13 +281,19 @@ def emit(plan: GraphPlan, *, name: str, optimize: bool = True, device_type: str 
                         continue
                     values[node.name] = value
                     graph.inputs.append(value)
-                    kind = InputKind.TENSOR if isinstance(node.meta.get("val"), torch.Tensor) else InputKind.SYMINT
-                    input_specs.append(InputSpec(kind, node.name))
+                    val = node.meta.get("val")
+                    kind = InputKind.TENSOR if isinstance(val, torch.Tensor) else InputKind.SYMINT
+                    input_specs.append(InputSpec(kind, node.name, kind is InputKind.TENSOR and val.is_complex()))
                 elif node.op == "get_attr":
                     tensor = getattr(gm, node.target)
+                    is_complex = isinstance(tensor, torch.Tensor) and tensor.is_complex()
+                    if is_complex:  # its bytes as the real pairs the graph computes with
+                        tensor = torch.view_as_real(tensor.resolve_conj().resolve_neg())
                     value = ir.Value(name=node.name)
                     value.const_value = exporter.TorchTensor(tensor, name=node.name)
                     exporter.set_shape_type(value, tensor, complex_to_float=True)
+                    if is_complex:
+                        mark_complex(value)
                     graph.initializers[node.name] = value
                     values[node.name] = value
                 elif node.op == "call_function":
@@ -579,7 +589,9 @@ def _graph_outputs(
             graph.append(ident)
             value = ident.outputs[0]
             value.name = f"{arg.name}__out"
-        is_symint = not isinstance(arg.meta.get("val"), torch.Tensor)
+        val = arg.meta.get("val")
+        is_symint = not isinstance(val, torch.Tensor)
         graph.outputs.append(value)
-        specs.append(OutputSpec(OutputKind.SYMINT if is_symint else OutputKind.TENSOR, onnx_name=value.name))
+        specs.append(OutputSpec(OutputKind.SYMINT if is_symint else OutputKind.TENSOR, onnx_name=value.name,
+                                is_complex=not is_symint and val.is_complex()))
     return specs

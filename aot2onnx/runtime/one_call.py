@@ -14,7 +14,8 @@ Not every graph can run this way; :func:`refusal` says why one cannot, and that 
 - a graph that writes an input in place (``runtime.inplace``): its output must be bound on the input's
   memory, which this call has no way to ask for beside outputs ONNX Runtime allocates;
 - an input of a dtype numpy has no type for (bfloat16, under autocast): ``push_back_batch`` takes numpy
-  dtypes.
+  dtypes;
+- a complex input or output: the binding hands it over as its real pairs.
 """
 
 from __future__ import annotations
@@ -56,10 +57,13 @@ _ONNX_TYPES = {
 _EMPTY = torch.zeros(1, dtype=torch.uint8)
 
 
-def refusal(model: onnx.ModelProto, device: torch.device, providers: list[Any], in_place: frozenset[str]) -> str | None:
+def refusal(model: onnx.ModelProto, signature: GraphSignature, device: torch.device, providers: list[Any],
+            in_place: frozenset[str]) -> str | None:
     """Why the graph cannot run in one call (module docstring), or None where it can."""
     if device.type != "cpu" or providers != ["CPUExecutionProvider"]:
         return "it runs on another provider than ONNX Runtime's CPU one"
+    if signature.has_complex:
+        return "a complex tensor crosses its boundary (bound as its real pairs, a view made per call)"
     if not (hasattr(_C.OrtValueVector, "push_back_batch") and hasattr(_C.InferenceSession, "run_with_ortvaluevector")):
         return "this onnxruntime has no OrtValueVector.push_back_batch or run_with_ortvaluevector"
     if in_place:

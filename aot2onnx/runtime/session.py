@@ -48,6 +48,8 @@ __all__ = [
     "compiled_graphs",
     "profiling",
     "providers_for",
+    "as_real_pairs",
+    "from_real_pairs",
     "reset_compiled_graphs",
     "session_options",
 ]
@@ -483,7 +485,7 @@ class OrtGraph:
                 if providers == ["CPUExecutionProvider"]:
                     # CUDA's provider runs kernels on a stream, in the same order; kept to copies until tested.
                     self._in_place = writable_in_place(model, signature)
-                self.one_call_refusal = one_call_refusal(model, device, providers, self._in_place)
+                self.one_call_refusal = one_call_refusal(model, signature, device, providers, self._in_place)
                 if self.one_call_refusal is None:
                     self._one_call = OneCallRun(signature, [name for name, _ in self._output_dims])
                 model_bytes = model.SerializeToString()
@@ -521,6 +523,8 @@ class OrtGraph:
         """Why the graph is not to be replayed as a CUDA graph, or None."""
         if not options.cuda_graphs:
             return "cuda_graphs is off"
+        if self.signature.has_complex:  # bound as views made per call (as_real_pairs): not kept in place
+            return "a complex tensor crosses the graph's boundary"
         symints = any(spec.kind is InputKind.SYMINT for spec in self.signature.inputs)
         return cuda.graph_refusal(model, self._op_types, RANDOM_OPS, symints)
 
@@ -662,7 +666,7 @@ class OrtGraph:
         it = iter(results)
         for spec in self.signature.outputs:
             if spec.kind is OutputKind.TENSOR:
-                outputs.append(next(it))
+                outputs.append(from_real_pairs(next(it)) if spec.is_complex else next(it))
             elif spec.kind is OutputKind.SYMINT:
                 outputs.append(int(next(it).item()))
             elif spec.kind is OutputKind.INPUT:
@@ -703,7 +707,9 @@ class OrtGraph:
                             f"graph {self.name!r} was compiled for {self.device} but got a tensor on {arg.device}"
                         )
                     arg = arg.to(self.device)  # a CPU scalar beside CUDA tensors, as torch allows
-                if not arg.is_contiguous():
+                if arg.is_complex():
+                    arg = as_real_pairs(arg)
+                elif not arg.is_contiguous():
                     arg = arg.contiguous()
                 keep_alive.append(arg)
                 dtype = _TORCH_TO_ONNX.get(arg.dtype)
@@ -750,7 +756,8 @@ class OrtGraph:
             if new_shapes:
                 self._check_shapes(results, {name: bound[1] for name, bound in self._bound.items()})
             for index, position in copied:
-                args[index].detach().copy_(results[position])
+                written = args[index].detach()
+                (torch.view_as_real(written) if written.is_complex() else written).copy_(results[position])
             checked = results[len(self._onnx_outputs) + len(self._mutations):]
             del results[len(self._onnx_outputs):]
         return self._finish(results, checked)
@@ -932,6 +939,22 @@ class OrtGraph:
             f"OrtGraph({self.name!r}, kind={self.kind}, fx_nodes={self.fx_node_count}, onnx_nodes={self.onnx_node_count}, "
             f"runs={self.runs}, device={self.device})"
         )
+
+
+def as_real_pairs(tensor: torch.Tensor) -> torch.Tensor:
+    """A complex tensor as the real tensor with a trailing axis of 2 that a lowered graph reads
+    (``signature``): ``torch.view_as_real`` of it, without a copy where it is contiguous and has no conjugate or
+    negative bit (a tensor that has one, ``x.conj()``, is resolved first: ``view_as_real`` refuses it)."""
+    tensor = tensor.resolve_conj().resolve_neg()
+    return torch.view_as_real(tensor if tensor.is_contiguous() else tensor.contiguous())
+
+
+def from_real_pairs(tensor: torch.Tensor) -> torch.Tensor:
+    """The complex tensor whose real [..., 2] pairs a graph returned (``signature``), without a copy. An empty one
+    comes from DLPack with strides of 0, which ``view_as_complex`` refuses: it gets fresh (empty) memory."""
+    if tensor.numel() == 0:
+        tensor = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    return torch.view_as_complex(tensor)
 
 
 def _raise_if_failed(kind: str, api_name: str, value: torch.Tensor, is_matrix: bool) -> None:

@@ -5,10 +5,12 @@ Importing this package registers every rule in it.
 
 from aot2onnx.lower.ops import (  # noqa: F401
     adaptive_pool,
+    complex,
     conv,
     core,
     distance,
     factory,
+    fft,
     fused,
     fused_kernels,
     indexing,

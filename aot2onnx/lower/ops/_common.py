@@ -10,12 +10,25 @@ import onnx_ir as ir
 from onnxscript import opset18 as op
 
 __all__ = [
-    "FLOATS", "INTEGERS", "cast", "flat", "float64_constant", "fma", "linspace", "opmath", "planes", "rounded_to",
+    "FLOATS", "INTEGERS", "cast", "is_complex_value", "mark_complex", "flat", "float64_constant", "fma", "linspace", "opmath", "planes", "rounded_to",
     "scatter_add_to_planes", "static_dim", "static_dims",
 ]
 
 FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 INTEGERS = (ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64, ir.DataType.UINT8)
+
+
+# The ir.Value meta key of a value that holds a complex tensor as real [..., 2] pairs (translate sets it from
+# the FX value's dtype): a rule tells a complex operand from a real one of last size 2 by it.
+_COMPLEX_KEY = "aot2onnx.complex"
+
+
+def mark_complex(value: ir.Value) -> None:
+    value.meta[_COMPLEX_KEY] = True
+
+
+def is_complex_value(value: ir.Value) -> bool:
+    return bool(value.meta.get(_COMPLEX_KEY))
 
 
 def static_dim(value: ir.Value, dim: int) -> int | None:
