@@ -45,7 +45,9 @@ from aot2onnx.errors import CaptureError
 from aot2onnx.lower.registry import default_registry
 from aot2onnx.lower.translate import lower_graph
 from aot2onnx.options import DEFAULT_OPSET
+from aot2onnx.runtime.dtypes import TORCH_TO_ONNX
 from aot2onnx.runtime.kernels import check_target_opset, require_runnable
+from aot2onnx.runtime.rewrites import disabled_optimizers
 from aot2onnx.signature import GraphKind, InputKind, LoweredGraph, OutputKind
 
 __all__ = ["TrainingArtifact", "export_training", "main"]
@@ -537,10 +539,12 @@ def _state(module: nn.Module) -> tuple[dict[str, torch.Tensor], list[dict], list
     return tensors, entries, tied
 
 
-def _attach_signature(model: onnx.ModelProto, signature: dict, graph: str) -> onnx.ModelProto:
+def _attach_metadata(model: onnx.ModelProto, signature: dict, graph: str) -> onnx.ModelProto:
     from aot2onnx.artifact import edge  # see export_training
 
-    for key, value in ((edge.SIGNATURE_KEY, json.dumps(signature, sort_keys=True)), (edge.GRAPH_KEY, graph)):
+    disabled = ",".join(disabled_optimizers(model))  # what the runtime's sessions turn off for this model
+    for key, value in ((edge.SIGNATURE_KEY, json.dumps(signature, sort_keys=True)), (edge.GRAPH_KEY, graph),
+                       (edge.DISABLED_OPTIMIZERS_KEY, disabled)):
         entry = next((p for p in model.metadata_props if p.key == key), None) or model.metadata_props.add()
         entry.key, entry.value = key, value
     return model
@@ -630,9 +634,7 @@ def _export(
     optimizer_section = None
     if optimizer is not None:
         with report.stage(f"building the {optimizer.name} step over {len(trained)} parameters"):
-            infos = [ParamInfo(n, onnx.helper.np_dtype_to_tensor_dtype(tensors[n].numpy().dtype)
-                               if tensors[n].dtype != torch.bfloat16 else onnx.TensorProto.BFLOAT16,
-                               tuple(tensors[n].shape)) for n in trained]
+            infos = [ParamInfo(n, TORCH_TO_ONNX[tensors[n].dtype], tuple(tensors[n].shape)) for n in trained]
             step = optimizer.build(infos, opset=opset)
             protos["optimizer"] = step.model
             declared = {v.name: v for v in (*step.model.graph.input, *step.model.graph.output)}
@@ -674,7 +676,7 @@ def _export(
         written: list[pathlib.Path] = []
         onnx_nodes = {}
         for graph, proto in protos.items():
-            _attach_signature(proto, signature, graph)
+            _attach_metadata(proto, signature, graph)
             written += _save_model(proto, out_dir / f"{graph}.onnx")
             onnx_nodes[f"{graph}.onnx"] = len(proto.graph.node)
         if optimizer is None:

@@ -61,6 +61,7 @@ import torch.fx
 from aot2onnx.authentication import Authenticator
 from aot2onnx.capture._torch_compat import unset_fake_temporarily
 from aot2onnx.capture.decompositions import target_name
+from aot2onnx.lower._onnxscript_compat import loaded_values_module
 from aot2onnx.signature import CheckSpec, GraphSignature, InputKind, InputSpec, MutationSpec, OutputKind, OutputSpec
 
 __all__ = [
@@ -376,7 +377,7 @@ class _Fingerprinter:
             if isinstance(value, numpy.dtype):
                 return f"dtype:{value.str}"
         # onnxscript is imported only where a rule uses it; then its module is in sys.modules.
-        onnxscript_values = sys.modules.get("onnxscript._internal.values") or sys.modules.get("onnxscript.values")
+        onnxscript_values = loaded_values_module()
         if onnxscript_values is not None:
             if isinstance(value, onnxscript_values.Opset):
                 return f"opset:{value.domain}:{value.version}"
