@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from ulps import assert_within_ulps
+from harness import assert_within_ulps
 
 from aot2onnx.compile.fallback import fallback_graphs, reset_fallback_graphs
 from aot2onnx.runtime.session import compiled_graphs, reset_compiled_graphs

@@ -378,13 +378,13 @@ def test_a_second_process_skips_the_capture(tmp_path):
 def test_the_cache_key_covers_the_cpu_vector_width(monkeypatch):
     # lower/ops/norm.py follows eager's kernels at the CPU's vector width: an AVX2 and an AVX-512 machine
     # sharing a cache directory must not be served each other's graphs.
-    from aot2onnx.compile import cache
+    from aot2onnx.compile import cache_fingerprint
 
     keys = {}
     for capability in ("AVX2", "AVX512"):
-        cache._environment_fingerprint.cache_clear()
+        cache_fingerprint._environment_fingerprint.cache_clear()
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
-        keys[capability] = cache._environment_fingerprint()
-    cache._environment_fingerprint.cache_clear()
+        keys[capability] = cache_fingerprint._environment_fingerprint()
+    cache_fingerprint._environment_fingerprint.cache_clear()
     monkeypatch.undo()
     assert keys["AVX2"] != keys["AVX512"]

@@ -40,8 +40,12 @@ def fresh_user_rules(monkeypatch):
     """``register_lowering`` within a test: its rules go to a list of the test's own, gone after it."""
     monkeypatch.setattr(registry, "_USER_RULES", [])
     registry.default_registry.cache_clear()
+    registry.fused_registry.cache_clear()
     yield
-    registry.default_registry.cache_clear()  # rebuilt from the restored list on next use
+    # Rebuilt from the restored list on next use: both, or where the fused kernels are built, the next test
+    # lowers with this test's rules in place of the module-level rules of the others (test_fallback's).
+    registry.default_registry.cache_clear()
+    registry.fused_registry.cache_clear()
 
 
 def _entries(directory) -> list[pathlib.Path]:

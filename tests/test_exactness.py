@@ -14,32 +14,22 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch_behaviour
+from harness import Exact, RelAbs, Tolerance, arange_cotangents, check
 
 import aot2onnx
 from aot2onnx.artifact import edge
 
 NAN, INF = float("nan"), float("inf")
 DTYPES = [torch.float32, torch.float64]
-EXACT = {"rtol": 0.0, "atol": 0.0}
-ROUNDING = {torch.float32: {"rtol": 1e-6, "atol": 0.0}, torch.float64: {"rtol": 1e-14, "atol": 0.0}}
+# Equal values, NaN for NaN (a zero's sign is not compared here: the pointwise and pooling tests compare it).
+EXACT = Exact(zero_sign=False)
+ROUNDING = {torch.float32: RelAbs(rtol=1e-6), torch.float64: RelAbs(rtol=1e-14)}
 
 
-def _check(fn, *inputs, grad: bool = True, dtype: torch.dtype, tol: dict = EXACT) -> None:
-    """fn eagerly and through ``torch.compile(backend="aot2onnx")`` on equal copies of ``inputs`` (cast to
-    ``dtype``): outputs, and with ``grad`` the gradients of every input under the same cotangents."""
-    eager_in = [x.detach().to(dtype, copy=True).requires_grad_(grad) for x in inputs]
-    comp_in = [x.detach().to(dtype, copy=True).requires_grad_(grad) for x in inputs]
-    out_e, out_c = fn(*eager_in), torch.compile(fn, backend="aot2onnx")(*comp_in)
-    torch.testing.assert_close(out_c, out_e, equal_nan=True, **tol)
-    if not grad:
-        return
-    outs_e = [o for o in torch.utils._pytree.tree_leaves(out_e) if o.requires_grad]
-    outs_c = [o for o in torch.utils._pytree.tree_leaves(out_c) if o.requires_grad]
-    cotangents = [torch.arange(1, o.numel() + 1, dtype=o.dtype).reshape(o.shape) for o in outs_e]
-    torch.autograd.backward(outs_e, cotangents)
-    torch.autograd.backward(outs_c, cotangents)
-    for x_e, x_c in zip(eager_in, comp_in):
-        torch.testing.assert_close(x_c.grad, x_e.grad, equal_nan=True, **tol)
+def _check(fn, *inputs, grad: bool = True, dtype: torch.dtype, tol: Tolerance = EXACT) -> None:
+    """fn eagerly and compiled (tests/harness.py) on equal copies of ``inputs`` (cast to ``dtype``): outputs,
+    and with ``grad`` the gradients of every input under the same cotangents (1, 2, 3, ...), under ``tol``."""
+    check(fn, *inputs, dtype=dtype, grad=grad, tol=tol, cotangents=arange_cotangents, unused_may_be_zero=False)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -192,7 +182,7 @@ def test_max_pool_without_indices_read(tmp_path):
     # kernel), and the NaN branch is an If that runs only where the input holds a NaN.
     x = torch.randn(2, 3, 8, 8)
     compiled = torch.compile(lambda x: F.max_pool2d(x, 2), backend=aot2onnx.backend(dump_dir=str(tmp_path)))
-    torch.testing.assert_close(compiled(x), F.max_pool2d(x, 2), **EXACT)
+    RelAbs(equal_nan=False).check("max pool", compiled(x), F.max_pool2d(x, 2))
     (path,) = tmp_path.glob("*.onnx")
     nodes = onnx.load(path).graph.node
     assert [len(n.output) for n in nodes if n.op_type == "MaxPool"] == [1]

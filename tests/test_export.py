@@ -470,6 +470,76 @@ def test_batch_size_fixed_by_the_model_is_refused(tmp_path):
     assert sig["user_inputs"][0]["shape"] == [6, 4] and sig["dims"] == {}
 
 
+class _ExpandsToEmpty(nn.Module):
+    """Expands a size-1 dimension to the batch's size: on an empty batch, an Expand to size 0, which ONNX
+    Runtime's ExpandElimination takes for a no-op (the forward's value came out [1, 4], the loss 2 * t.sum())."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t = nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.t.unsqueeze(0).expand_as(x) * 2).sum() + x.sum()
+
+
+def test_an_empty_batch_trains_in_edge_as_in_the_backend(tmp_path):
+    torch.manual_seed(0)
+    module = _ExpandsToEmpty()
+    x = torch.zeros(0, 4)
+    aot2onnx.export_training(module, (x,), tmp_path, optimizer=aot2onnx.optim.SGD(lr=0.1), dynamic_batch=False)
+    trainer = edge.Trainer(tmp_path)
+    assert "ExpandElimination" in trainer.artifact.disabled_optimizers["forward"]
+    edge_loss = trainer.step(x.numpy())
+
+    compiled = copy.deepcopy(module)
+    backend_loss = torch.compile(compiled, backend="aot2onnx")(x)
+    backend_loss.backward()
+    with torch.no_grad():
+        compiled.t -= 0.1 * compiled.t.grad
+    eager = copy.deepcopy(module)
+    eager_loss = eager(x)
+    eager_loss.backward()
+    assert eager.t.grad is not None and not eager.t.grad.any()
+    assert edge_loss == backend_loss.item() == eager_loss.item() == 0.0
+    np.testing.assert_array_equal(trainer.state["t"], compiled.t.detach().numpy())
+    np.testing.assert_array_equal(trainer.state["t"], module.t.detach().numpy())  # a zero gradient moved nothing
+
+
+def test_the_runtime_decides_which_rewrites_edge_turns_off(exported):
+    from aot2onnx.runtime.rewrites import disabled_optimizers
+
+    art = exported("mlp", "sgd")
+    artifact = edge.open_artifact(art.out_dir)
+    for graph, path in artifact.models.items():
+        assert artifact.disabled_optimizers[graph] == disabled_optimizers(onnx.load(str(path))), graph
+
+
+def _set_disabled_optimizers(path: pathlib.Path, value: str | None) -> None:
+    model = onnx.load(str(path))
+    kept = [p for p in model.metadata_props if p.key != edge.DISABLED_OPTIMIZERS_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    if value is not None:
+        model.metadata_props.add(key=edge.DISABLED_OPTIMIZERS_KEY, value=value)
+    path.write_bytes(model.SerializeToString())
+
+
+def test_a_model_exported_before_the_rewrites_were_recorded_turns_off_every_one(artifact_copy, exported):
+    _set_disabled_optimizers(artifact_copy / "forward.onnx", None)
+    artifact = edge.open_artifact(artifact_copy)
+    assert artifact.disabled_optimizers["forward"] == ["NoopElimination", "ExpandElimination"]
+    assert artifact.disabled_optimizers["backward"] == ["NoopElimination"]
+    # ONNX Runtime takes both names, and the step is the one the recorded entry gives.
+    batch = [t.numpy() for t in exported("mlp", "sgd").batches[0]]
+    assert edge.Trainer(artifact_copy).step(*batch) == edge.Trainer(exported("mlp", "sgd").out_dir).step(*batch)
+
+
+def test_refuses_rewrite_names_that_are_not_names(artifact_copy):
+    _set_disabled_optimizers(artifact_copy / "forward.onnx", "NoopElimination;rm -rf")
+    with pytest.raises(edge.ArtifactError, match="not a comma-separated list"):
+        edge.open_artifact(artifact_copy)
+
+
 def test_the_module_is_traced_as_torch_export_traces_it(tmp_path):
     # torch.compiler.is_compiling() and is_exporting() are True while the module is traced, so code written for
     # traces takes the path that holds for every input. transformers' mask helpers skip an all-ones mask only

@@ -6,6 +6,8 @@ LSTM and GRU train on ONNX Runtime, and so does nn.Transformer given ``tgt_is_ca
 from __future__ import annotations
 
 import json
+import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -115,6 +117,40 @@ def test_what_dynamo_leaves_to_pytorch_is_told_once_per_process(tmp_path):
     # The warning points at the user's line that called the compiled model, not into torch or aot2onnx.
     for name in ("lstm", "batchnorm", "transformer"):
         assert result[name]["where"] == [str(script)], name
+
+
+_AFTER_RESET = textwrap.dedent(
+    """
+    import warnings
+    import torch, torch.nn as nn
+    import aot2onnx
+
+    class RecurrentLM(nn.Module):  # Dynamo breaks at loading self.rnn: no backend is called, before or after
+        def __init__(self):
+            super().__init__()
+            self.embed, self.rnn = nn.Embedding(11, 8), nn.GRU(8, 12, batch_first=True)
+        def forward(self, ids):
+            return self.rnn(self.embed(ids))[0]
+
+    torch._dynamo.reset()  # removes Dynamo's callbacks, aot2onnx's among them
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.compile(RecurrentLM(), backend="aot2onnx")(torch.randint(0, 11, (2, 5)))
+    print([str(w.message) for w in caught if str(w.message).startswith("aot2onnx:")])
+    """
+)
+
+
+def test_the_rnn_notice_is_said_after_dynamo_reset(tmp_path):
+    script = tmp_path / "after_reset.py"
+    script.write_text(_AFTER_RESET)
+    # this checkout's aot2onnx, not whichever the interpreter has installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pathlib.Path(__file__).parents[1]),
+                                                       os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    told = eval(run.stdout.strip().splitlines()[-1])  # a list of str, printed by the script above
+    assert len(told) == 1 and "the GRU module to eager PyTorch" in told[0], told
 
 
 class _CausalTransformer(nn.Module):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from harness import Ulps, check
 
 NAN, INF = float("nan"), float("inf")
 DTYPES = [torch.float32, torch.float64]
@@ -21,53 +22,13 @@ DTYPES = [torch.float32, torch.float64]
 pytestmark = pytest.mark.filterwarnings("error:aot2onnx(?!.*_assert_scalar)")
 
 
-def _ulps(x: torch.Tensor) -> torch.Tensor:
-    """The spacing of floats at |x|: the smallest denormal at 0."""
-    a = x.detach().abs()
-    return torch.nextafter(a, torch.full_like(a, INF)) - a
-
-
-def _assert_matches(name: str, actual: torch.Tensor, expected: torch.Tensor, ulps: float, shared: float = 0) -> None:
-    """NaN and infinities where eager has them, finite values within ``ulps`` of eager's spacing, plus
-    ``shared`` epsilons of the tensor's largest finite value (for sums across elements: gradients)."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (name, actual, expected)
-    a, e = actual.detach(), expected.detach()
-    bad = torch.isnan(a) != torch.isnan(e)
-    finite = torch.isfinite(e) & torch.isfinite(a)
-    bad |= ~torch.isnan(e) & ~finite & (a != e)  # an infinity of the wrong sign, or a finite value for one
-    largest = float(e[finite].abs().max()) if finite.any() else 0.0
-    tolerance = ulps * _ulps(e).double() + shared * torch.finfo(e.dtype).eps * largest
-    bad |= finite & ((a.double() - e.double()).abs() > tolerance)
-    if bad.any():
-        rows = [f"  at {i}: eager {float(e[tuple(i)])!r}, compiled {float(a[tuple(i)])!r}"
-                for i in bad.nonzero().tolist()[:8]]
-        raise AssertionError(f"{name}: {int(bad.sum())} of {e.numel()} elements differ\n" + "\n".join(rows))
-
-
 def _check(fn, *inputs: torch.Tensor, dtype: torch.dtype, ulps: float = 4, grad: bool = True,
            grad_shared: float = 16, dynamic: bool | None = None) -> None:
-    """``fn`` eagerly and through ``torch.compile(backend="aot2onnx")`` on equal copies of ``inputs`` (cast to
-    ``dtype``): every output and, with ``grad``, the gradient of every input under the same cotangents (within
-    ``ulps`` and ``grad_shared`` epsilons of the gradient's largest element: backward passes sum across
-    elements, in an order of their own)."""
-    eager_in = [x.detach().to(dtype, copy=True).requires_grad_(grad) for x in inputs]
-    comp_in = [x.detach().to(dtype, copy=True).requires_grad_(grad) for x in inputs]
-    out_e, out_c = fn(*eager_in), torch.compile(fn, backend="aot2onnx", dynamic=dynamic)(*comp_in)
-    outs_e, outs_c = torch.utils._pytree.tree_leaves(out_e), torch.utils._pytree.tree_leaves(out_c)
-    assert len(outs_e) == len(outs_c)
-    for i, (c, e) in enumerate(zip(outs_c, outs_e)):
-        _assert_matches(f"output {i}", c, e, ulps)
-    if not grad:
-        return
-    pairs = [(c, e) for c, e in zip(outs_c, outs_e) if e.requires_grad]
-    cotangents = [torch.linspace(-2.0, 3.0, e.numel(), dtype=dtype).reshape(e.shape) for _, e in pairs]
-    grads_e = torch.autograd.grad([e for _, e in pairs], eager_in, cotangents, allow_unused=True)
-    grads_c = torch.autograd.grad([c for c, _ in pairs], comp_in, cotangents, allow_unused=True)
-    for i, (c, e) in enumerate(zip(grads_c, grads_e)):
-        if e is None:
-            assert c is None or not c.any(), f"gradient {i}"
-            continue
-        _assert_matches(f"gradient {i}", c, e, ulps, grad_shared)
+    """``fn`` eagerly and compiled (tests/harness.py): every output within ``ulps`` and, with ``grad``, every
+    input's gradient within ``ulps`` and ``grad_shared`` epsilons of the gradient's largest element (backward
+    passes sum across elements, in an order of their own)."""
+    check(fn, *inputs, dtype=dtype, grad=grad, dynamic=dynamic, tol=Ulps(ulps),
+          grad_tol=Ulps(ulps, shared=grad_shared))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -125,7 +86,7 @@ def test_mean_over_an_axis_that_is_empty_at_run_time_is_nan(dtype):
         x = torch.arange(2.0 * columns, dtype=dtype).reshape(2, columns)
         torch._dynamo.decorators.mark_unbacked(x, 1)
         for i, (c, e) in enumerate(zip(compiled(x), fn(x))):
-            _assert_matches(f"{columns} columns, output {i}", c, e, ulps=2)
+            Ulps(2).check(f"{columns} columns, output {i}", c, e)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -252,19 +213,19 @@ def test_batch_norm_module_trains_and_evaluates_like_eager(dtype):
         (ye * cotangent).sum().backward()
         (yc * cotangent).sum().backward()
         # eager's output is x * alpha + beta, which cancels near the mean: a few epsilons of the largest output
-        _assert_matches(f"step {step} output", yc, ye, ulps, shared=4)
-        _assert_matches(f"step {step} input gradient", xc.grad, xe.grad, ulps, shared=16)
+        Ulps(ulps, shared=4).check(f"step {step} output", yc, ye)
+        Ulps(ulps, shared=16).check(f"step {step} input gradient", xc.grad, xe.grad)
         for name in ("weight", "bias"):
-            _assert_matches(f"step {step} {name} gradient", getattr(ours, name).grad, getattr(eager, name).grad, ulps,
-                            shared=16)
+            Ulps(ulps, shared=16).check(f"step {step} {name} gradient", getattr(ours, name).grad,
+                                        getattr(eager, name).grad)
         for name in ("running_mean", "running_var"):
-            _assert_matches(f"step {step} {name}", getattr(ours, name), getattr(eager, name), ulps)
+            Ulps(ulps).check(f"step {step} {name}", getattr(ours, name), getattr(eager, name))
         assert int(ours.num_batches_tracked) == int(eager.num_batches_tracked) == step + 1
     eager.eval()
     ours.eval()
     x = torch.randn(5, 3, 4, dtype=dtype)
     with torch.no_grad():
-        _assert_matches("evaluation output", compiled(x), eager(x), ulps, shared=4)
+        Ulps(ulps, shared=4).check("evaluation output", compiled(x), eager(x))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -362,11 +323,11 @@ def test_weight_norm_of_a_vector_has_one_norm_per_element(dtype):
     ge, gc = g.clone().requires_grad_(), g.clone().requires_grad_()
     we = torch._weight_norm(ve, ge, 0)
     wc = torch.compile(lambda v, g: torch._weight_norm(v, g, 0), backend="aot2onnx")(vc, gc)
-    _assert_matches("w", wc, we, ulps=2)
+    Ulps(2).check("w", wc, we)
     cotangent = torch.linspace(-2.0, 3.0, 7, dtype=dtype)
     (we * cotangent).sum().backward()
     (wc * cotangent).sum().backward()
-    _assert_matches("gradient of g", gc.grad, ge.grad, ulps=2)
+    Ulps(2).check("gradient of g", gc.grad, ge.grad)
     scale = float((g / v.abs() * cotangent).abs().max())  # the size of the terms that cancel
     assert float((vc.grad - ve.grad).abs().max()) <= 4 * torch.finfo(dtype).eps * scale
 

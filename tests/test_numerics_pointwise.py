@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from harness import Ulps, check, ulp
 
 import aot2onnx
 
@@ -20,56 +21,13 @@ DTYPES = [torch.float32, torch.float64]
 DENORMAL = {torch.float32: 1e-40, torch.float64: 1e-310}
 
 
-def _ulps(x: torch.Tensor) -> torch.Tensor:
-    """The spacing of floats at |x|: the smallest denormal at 0."""
-    a = x.detach().abs()
-    return torch.nextafter(a, torch.full_like(a, INF)) - a
-
-
-def _assert_matches(name: str, actual: torch.Tensor, expected: torch.Tensor, ulps: float, zero_sign: bool) -> None:
-    """NaN and infinities where eager has them; finite values within ``ulps`` of eager's spacing (0: equal);
-    with ``zero_sign``, every zero with eager's sign."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (name, actual, expected)
-    a, e = actual.detach(), expected.detach()
-    if not e.is_floating_point():
-        assert torch.equal(a, e), f"{name}: eager {e.tolist()}, compiled {a.tolist()}"
-        return
-    bad = torch.isnan(a) != torch.isnan(e)
-    finite = torch.isfinite(e) & torch.isfinite(a)
-    bad |= ~torch.isnan(e) & ~finite & (a != e)  # an infinity of the wrong sign, or a finite value for one
-    error = (a.double() - e.double()).abs()
-    bad |= finite & (error > ulps * _ulps(e).double())
-    if zero_sign:
-        bad |= (e == 0) & (a == 0) & (torch.signbit(a) != torch.signbit(e))
-    if bad.any():
-        rows = [f"  at {i}: eager {float(e[tuple(i)])!r}, compiled {float(a[tuple(i)])!r}"
-                for i in bad.nonzero().tolist()[:8]]
-        raise AssertionError(f"{name}: {int(bad.sum())} of {e.numel()} elements differ\n" + "\n".join(rows))
-
-
 def _check(fn, *inputs: torch.Tensor, dtype: torch.dtype, ulps: float = 0, grad: bool = True,
            grad_ulps: float | None = None, zero_sign: bool = True) -> None:
-    """``fn`` eagerly and through ``torch.compile(backend="aot2onnx")`` on equal copies of ``inputs`` (cast to
-    ``dtype``): every output, and with ``grad`` the gradient of every input under the same cotangents
-    (values only: autograd itself does not keep the sign of a zero gradient)."""
-    eager_in = [x.detach().to(dtype, copy=True).requires_grad_(grad) for x in inputs]
-    comp_in = [x.detach().to(dtype, copy=True).requires_grad_(grad) for x in inputs]
-    out_e, out_c = fn(*eager_in), torch.compile(fn, backend="aot2onnx")(*comp_in)
-    outs_e, outs_c = torch.utils._pytree.tree_leaves(out_e), torch.utils._pytree.tree_leaves(out_c)
-    assert len(outs_e) == len(outs_c)
-    for i, (c, e) in enumerate(zip(outs_c, outs_e)):
-        _assert_matches(f"output {i}", c, e, ulps, zero_sign)
-    if not grad:
-        return
-    pairs = [(c, e) for c, e in zip(outs_c, outs_e) if e.requires_grad]
-    cotangents = [torch.linspace(-2.0, 3.0, e.numel(), dtype=dtype).reshape(e.shape) for _, e in pairs]
-    grads_e = torch.autograd.grad([e for _, e in pairs], eager_in, cotangents, allow_unused=True)
-    grads_c = torch.autograd.grad([c for c, _ in pairs], comp_in, cotangents, allow_unused=True)
-    for i, (c, e) in enumerate(zip(grads_c, grads_e)):
-        if e is None:
-            assert c is None or not c.any(), f"grad of input {i}: eager has none"
-            continue
-        _assert_matches(f"grad of input {i}", c, e, ulps if grad_ulps is None else grad_ulps, zero_sign=False)
+    """``fn`` eagerly and compiled (tests/harness.py): every output within ``ulps`` (0: equal), with
+    ``zero_sign`` every zero with eager's sign; with ``grad`` the gradient of every input within ``grad_ulps``
+    (default ``ulps``), values only: autograd itself does not keep the sign of a zero gradient."""
+    check(fn, *inputs, dtype=dtype, grad=grad, tol=Ulps(ulps, zero_sign=zero_sign),
+          grad_tol=Ulps(ulps if grad_ulps is None else grad_ulps))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -191,7 +149,7 @@ def test_arange_of_floats(args, dtype):
     eager, compiled = fn(torch.zeros((), dtype=dtype)), torch.compile(fn, backend="aot2onnx")(torch.zeros((), dtype=dtype))
     assert compiled.shape == eager.shape and compiled.dtype == eager.dtype
     bound = torch.tensor(float(max(abs(a) for a in args[:2])), dtype=dtype)
-    tolerance = float(_ulps(bound)) * 2
+    tolerance = float(ulp(bound)) * 2
     torch.testing.assert_close(compiled, eager, rtol=0, atol=tolerance)
 
 

@@ -13,62 +13,38 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from harness import Exact, RelAbs, Tolerance, arange_cotangents, assert_outputs, leaves, run_both
 
 from aot2onnx.compile.fallback import fallback_graphs, reset_fallback_graphs
 
 NAN, INF = float("nan"), float("inf")
 DTYPES = [torch.float32, torch.float64]
-
-
-def _assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str, tol: dict | None = None) -> None:
-    """Bit for bit where exact: equal values, NaN for NaN, and the same sign of zero. With ``tol`` (for sums,
-    which ONNX Runtime rounds in its own order), finite nonzero values need only be that close."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (what, actual, expected)
-    if not expected.is_floating_point():
-        assert torch.equal(actual, expected), (what, actual, expected)
-        return
-    same = ((actual == expected) & (actual.signbit() == expected.signbit())) | (actual.isnan() & expected.isnan())
-    if tol is not None:
-        nonzero = torch.isfinite(expected) & (expected != 0)
-        near = torch.isclose(actual, expected, **tol) & torch.isfinite(actual)
-        same = torch.where(nonzero, near, same)
-    assert bool(same.all()), f"{what}:\n compiled {actual.flatten().tolist()}\n eager    {expected.flatten().tolist()}"
-
-
-def _leaves(out) -> list[torch.Tensor]:
-    return [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+EXACT = Exact()  # bit for bit: equal values, NaN for NaN, the same sign of zero
 
 
 def _check(fn, x: torch.Tensor, dtype: torch.dtype, *, grad: bool, cotangent=None, grad_expected=None,
-           tol: dict | None = None) -> None:
-    """fn eagerly and through ``torch.compile(backend="aot2onnx")``: every output, and with ``grad`` the
-    gradient of x under ``cotangent`` (1, 2, 3, ... by default) or against ``grad_expected`` (where eager's
-    own backward is not to be run). ``tol``: see _assert_same."""
+           tol: Tolerance = EXACT) -> None:
+    """fn eagerly and compiled (tests/harness.py), with no node run in PyTorch: every output, and with ``grad``
+    the gradient of x under ``cotangent`` (1, 2, 3, ... by default) or against ``grad_expected`` (where eager's
+    own backward is not to be run), under ``tol``: bit for bit, the sign of zero included, by default."""
     torch._dynamo.reset()
     reset_fallback_graphs()
-    xe = x.detach().to(dtype, copy=True).requires_grad_(grad)
-    xc = x.detach().to(dtype, copy=True).requires_grad_(grad)
-    compiled = torch.compile(fn, backend="aot2onnx")
-    if grad:
-        out_e, out_c = fn(xe), compiled(xc)
-    else:
-        with torch.no_grad():
-            out_e, out_c = fn(xe), compiled(xc)
+    pair = run_both(fn, x, dtype=dtype, grad=grad, no_grad=not grad)
     assert not fallback_graphs(), "a node ran in PyTorch"
-    for i, (c, e) in enumerate(zip(_leaves(out_c), _leaves(out_e), strict=True)):
-        _assert_same(c, e, f"output {i}", tol)
+    assert_outputs(pair, tol)
     if not grad:
         return
-    (value_e,), (value_c,) = _leaves(out_e)[:1], _leaves(out_c)[:1]
+    (xe,), (xc,) = pair.eager_inputs, pair.compiled_inputs
+    (value_e,), (value_c,) = leaves(pair.eager)[:1], leaves(pair.compiled)[:1]
     if cotangent is None:
-        cotangent = torch.arange(1, value_e.numel() + 1, dtype=dtype).reshape(value_e.shape)
+        (cotangent,) = arange_cotangents([value_e])
     cotangent = cotangent.to(dtype)
     value_c.backward(cotangent)
     assert not fallback_graphs(), "a node of the backward ran in PyTorch"
     if grad_expected is None:
         value_e.backward(cotangent)
         grad_expected = xe.grad
-    _assert_same(xc.grad, grad_expected.to(dtype), "gradient", tol)
+    tol.check("gradient", xc.grad, grad_expected.to(dtype))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -197,7 +173,8 @@ def test_max_pool_signed_zeros(dtype, grad, request):
 # Adaptive average pooling: an inf or NaN stays in the windows that hold it, forward and backward. (The
 # windows were a product with a 0/1 matrix, in which the inf of one window times the 0 of another made NaN.)
 
-ROUNDING = {torch.float32: {"rtol": 1e-6, "atol": 0.0}, torch.float64: {"rtol": 1e-14, "atol": 0.0}}
+# Sums, which ONNX Runtime rounds in its own order: finite nonzero values within rounding, the rest bit for bit.
+ROUNDING = {torch.float32: RelAbs(rtol=1e-6, zero_sign=True), torch.float64: RelAbs(rtol=1e-14, zero_sign=True)}
 _SPECIALS = [INF, 1.0, 2.0, 3.0, -INF, 0.5, NAN, -2.0, 4.0, -0.0, 0.0, 1.5]
 
 

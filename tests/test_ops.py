@@ -7,6 +7,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
+from harness import RelAbs, check, randn_cotangents
 
 import aot2onnx
 from aot2onnx.compile.fallback import fallback_graphs, reset_fallback_graphs
@@ -15,28 +16,22 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 def _check_fn(fn, *inputs, rtol=RTOL, atol=ATOL, dynamic=False, scale_atol=False):
-    """Runs fn eagerly and compiled on equal copies; compares outputs and gradients of every float input.
+    """Runs fn eagerly and compiled on equal copies (tests/harness.py); compares outputs and gradients of every
+    float input (under seeded normal cotangents) within ``rtol`` and ``atol``, as torch.testing.assert_close
+    does (a NaN fails, even against NaN).
 
     With ``scale_atol``, a gradient's absolute tolerance is ``atol`` times its largest magnitude (at least 1):
     for gradients that are long float32 sums, whose rounding error grows with their scale. A 3x3 conv weight
     gradient over 30x30 positions (magnitudes up to 90) is 2.5e-5 from float64 in eager, 7e-5 here.
     """
     aot2onnx.reset_compiled_graphs()
-    eager_in = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
-    comp_in = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
-    compiled = torch.compile(fn, backend="aot2onnx", dynamic=dynamic)
-    out_e, out_c = fn(*eager_in), compiled(*comp_in)
-    torch.testing.assert_close(out_c, out_e, rtol=rtol, atol=atol)
-    outs_e = [o for o in torch.utils._pytree.tree_leaves(out_e) if o.requires_grad]
-    outs_c = [o for o in torch.utils._pytree.tree_leaves(out_c) if o.requires_grad]
-    g = torch.Generator().manual_seed(7)
-    cot = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outs_e]
-    torch.autograd.backward(outs_e, cot)
-    torch.autograd.backward(outs_c, cot)
-    for x_e, x_c in zip(eager_in, comp_in):
-        if x_e.requires_grad:
-            scale = max(1.0, x_e.grad.abs().max().item()) if scale_atol else 1.0
-            torch.testing.assert_close(x_c.grad, x_e.grad, rtol=rtol, atol=atol * scale)
+
+    def grad_tol(eager: torch.Tensor) -> RelAbs:
+        scale = max(1.0, eager.abs().max().item()) if scale_atol else 1.0
+        return RelAbs(rtol=rtol, atol=atol * scale, equal_nan=False)
+
+    check(fn, *inputs, dynamic=dynamic, tol=RelAbs(rtol=rtol, atol=atol, equal_nan=False), grad_tol=grad_tol,
+          cotangents=randn_cotangents, unused_may_be_zero=False)
     graphs = aot2onnx.compiled_graphs()
     assert graphs and all(g.runs >= 1 for g in graphs), graphs
     return graphs

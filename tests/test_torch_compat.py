@@ -157,3 +157,27 @@ def test_optimization_hint_gives_a_data_dependent_size_a_value():
     # aot2onnx's diagnosis of a refused graph runs its nodes on zeros of such sizes (compile/backend.py).
     size = compat.ShapeEnv().create_unbacked_symint()
     assert compat.optimization_hint(size) == compat.inductor_config.unbacked_symint_fallback
+
+
+def test_dynamo_reset_clears_callbacks_through_the_handler_that_after_dynamo_reset_wraps():
+    # after_dynamo_reset wraps callback_handler.clear: reset() must still clear through it, by that name.
+    assert "callback_handler.clear()" in inspect.getsource(torch._dynamo.reset)
+    calls = []
+
+    def started(args):
+        pass
+
+    def again():
+        calls.append(started in compat.callback_handler.start_callbacks)
+        compat.callback_handler.register_start_callback(started)
+
+    compat.after_dynamo_reset(again)
+    compat.after_dynamo_reset(again)  # once per function, however often it is asked
+    try:
+        compat.callback_handler.register_start_callback(started)
+        torch._dynamo.reset()
+        assert calls == [False]  # called once, after the callbacks were cleared
+        assert started in compat.callback_handler.start_callbacks
+    finally:
+        compat.callback_handler.clear._aot2onnx_after.remove(again)
+        compat.callback_handler.remove_start_callback(started)

@@ -43,6 +43,10 @@ SIGNATURE_FILE = "signature.json"
 STATE_FILE = "state.safetensors"
 SIGNATURE_KEY = "aot2onnx.signature"  # each model's metadata_props entry holding the signature
 GRAPH_KEY = "aot2onnx.graph"  # each model's metadata_props entry naming it: forward, backward, optimizer
+# Each model's metadata_props entry naming ONNX Runtime's rewrites that would compute a wrong result in it,
+# comma-separated: aot2onnx's runtime decides (aot2onnx/runtime/rewrites.py) and the exporter records its answer,
+# as this file, copied alone, cannot ask.
+DISABLED_OPTIMIZERS_KEY = "aot2onnx.ort_disabled_optimizers"
 
 
 class ArtifactError(ValueError):
@@ -127,6 +131,8 @@ class Artifact:
     root: pathlib.Path
     signature: dict
     models: dict[str, pathlib.Path]  # "forward", "backward", "optimizer" (if exported) -> model file
+    # graph -> ONNX Runtime's rewrites to turn off in its session (the model's DISABLED_OPTIMIZERS_KEY)
+    disabled_optimizers: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     def entries(self, graph: str, direction: str) -> list[dict]:
         return self.signature[graph][direction]
@@ -175,7 +181,8 @@ def open_artifact(out_dir: str | os.PathLike) -> Artifact:
         check_embedded_signature(models[graph], model, signature, path)
     if not _inside(root, STATE_FILE, f"{root}: the state file").is_file():
         raise ArtifactError(f"{root / STATE_FILE} is missing: the artifact has no state")
-    artifact = Artifact(root, signature, models)
+    disabled = {graph: _disabled_optimizers(models[graph], model) for graph, model in contents.items()}
+    artifact = Artifact(root, signature, models, disabled)
     _state_file(artifact, load=False)
     return artifact
 
@@ -785,6 +792,27 @@ def check_embedded_signature(model: pathlib.Path, io: _Model, signature: Any, pa
                             "exports")
 
 
+# What a model exported before DISABLED_OPTIMIZERS_KEY existed is read with: every rewrite aot2onnx had turned
+# off by then, whether or not the model needs it (ExpandElimination only for models with an empty dimension).
+_DISABLED_BEFORE_THE_KEY = ("NoopElimination", "ExpandElimination")
+_OPTIMIZER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+def _disabled_optimizers(model: pathlib.Path, io: _Model) -> list[str]:
+    recorded = io.metadata.get(DISABLED_OPTIMIZERS_KEY)
+    if recorded is None:
+        return list(_DISABLED_BEFORE_THE_KEY)
+    if len(recorded) > 1:
+        raise ArtifactError(f"{model} names ONNX Runtime's disabled rewrites {len(recorded)} times (metadata "
+                            f"{DISABLED_OPTIMIZERS_KEY!r})")
+    names = recorded[0].split(",") if recorded[0] else []
+    for name in names:
+        if not _OPTIMIZER_NAME.fullmatch(name):
+            raise ArtifactError(f"{model}: metadata {DISABLED_OPTIMIZERS_KEY!r} is {recorded[0]!r}, not a "
+                                "comma-separated list of ONNX Runtime rewrite names")
+    return names
+
+
 def _state_file(artifact: Artifact, *, load: bool) -> dict[str, np.ndarray]:
     """Checks that the state file holds every tensor of ``state`` with its dtype and shape (reading the header
     only); with ``load``, returns them."""
@@ -821,11 +849,6 @@ def read_state(artifact: Artifact) -> dict[str, np.ndarray]:
 # Training
 
 
-# ONNX Runtime's rewrites that change results: NoopElimination removes Add(x, 0.0), which turns -0.0 into x's
-# -0.0 where the model computes 0.0 (aot2onnx's own sessions turn it off too: runtime/session.py).
-DISABLED_OPTIMIZERS = ["NoopElimination"]
-
-
 def session_options(intra_op_num_threads: int = 0) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_num_threads
@@ -855,7 +878,7 @@ class Trainer:
             try:
                 session = ort.InferenceSession(str(path), sess_options=options,
                                                providers=list(providers or ["CPUExecutionProvider"]),
-                                               disabled_optimizers=DISABLED_OPTIMIZERS)
+                                               disabled_optimizers=artifact.disabled_optimizers[graph])
             except Exception as e:  # onnxruntime raises several unrelated types for an unloadable model
                 raise ArtifactError(f"{path}: ONNX Runtime cannot load it: {e}") from e
             self._sessions[graph] = session

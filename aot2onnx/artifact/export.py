@@ -3,17 +3,14 @@
 ``export_training`` traces the module's joint forward-backward graph with AOTAutograd
 (``aot_export_joint_with_descriptors``), partitions it with the same min-cut partitioner as the backend,
 lowers both halves with :func:`aot2onnx.lower.translate.lower_graph`, and writes the artifact described in
-``docs/artifact-format.md``. ``python -m aot2onnx export`` is the command line (:func:`main`).
+``docs/artifact-format.md``. ``python -m aot2onnx export`` is the command line (aot2onnx/tools/export.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import contextvars
 import dataclasses
-import importlib
-import importlib.util
 import inspect
 import itertools
 import json
@@ -21,7 +18,6 @@ import logging
 import os
 import pathlib
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +33,7 @@ import torch.fx
 import torch.nn as nn
 
 from aot2onnx._version import __version__
-from aot2onnx.artifact.optim import SGD, AdamW, Optimizer, ParamInfo, grad_name, updated_name
+from aot2onnx.artifact.optim import Optimizer, ParamInfo, grad_name, updated_name
 from aot2onnx.capture._torch_compat import aot_descriptors as aot_desc
 from aot2onnx.capture.joint import WRAPPER_PREFIX, trace_joint
 from aot2onnx.errors import CaptureError
@@ -45,10 +41,12 @@ from aot2onnx.lower.plan import decompositions
 from aot2onnx.lower.registry import default_registry
 from aot2onnx.lower.translate import lower_graph
 from aot2onnx.options import DEFAULT_OPSET
+from aot2onnx.runtime.dtypes import TORCH_TO_ONNX
 from aot2onnx.runtime.kernels import check_target_opset, require_runnable
+from aot2onnx.runtime.rewrites import disabled_optimizers
 from aot2onnx.signature import GraphKind, InputKind, LoweredGraph, OutputKind
 
-__all__ = ["TrainingArtifact", "export_training", "main"]
+__all__ = ["TrainingArtifact", "export_training", "forward_input_names"]
 
 logger = logging.getLogger("aot2onnx")
 
@@ -490,7 +488,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _input_names(module: nn.Module, count: int, taken: set[str]) -> list[str]:
+def forward_input_names(module: nn.Module, count: int, taken: set[str]) -> list[str]:
     """The forward's parameter names for the user inputs (``input_<i>`` where there is none or it is taken)."""
     try:
         parameters = list(inspect.signature(module.forward).parameters.values())
@@ -537,10 +535,12 @@ def _state(module: nn.Module) -> tuple[dict[str, torch.Tensor], list[dict], list
     return tensors, entries, tied
 
 
-def _attach_signature(model: onnx.ModelProto, signature: dict, graph: str) -> onnx.ModelProto:
+def _attach_metadata(model: onnx.ModelProto, signature: dict, graph: str) -> onnx.ModelProto:
     from aot2onnx.artifact import edge  # see export_training
 
-    for key, value in ((edge.SIGNATURE_KEY, json.dumps(signature, sort_keys=True)), (edge.GRAPH_KEY, graph)):
+    disabled = ",".join(disabled_optimizers(model))  # what the runtime's sessions turn off for this model
+    for key, value in ((edge.SIGNATURE_KEY, json.dumps(signature, sort_keys=True)), (edge.GRAPH_KEY, graph),
+                       (edge.DISABLED_OPTIMIZERS_KEY, disabled)):
         entry = next((p for p in model.metadata_props if p.key == key), None) or model.metadata_props.add()
         entry.key, entry.value = key, value
     return model
@@ -633,7 +633,7 @@ def _export(
 ) -> TrainingArtifact:
     from aot2onnx.artifact import edge  # see export_training
 
-    input_names = _input_names(module, len(example_inputs), set(tensors))
+    input_names = forward_input_names(module, len(example_inputs), set(tensors))
     _refuse_complex(tensors, example_inputs)
     trace = _capture(module, example_inputs, dynamic_batch=dynamic_batch, opset=opset, progress=report)
     for kind, graph in (("forward", trace.forward), ("backward", trace.backward)):
@@ -654,9 +654,7 @@ def _export(
     optimizer_section = None
     if optimizer is not None:
         with report.stage(f"building the {optimizer.name} step over {len(trained)} parameters"):
-            infos = [ParamInfo(n, onnx.helper.np_dtype_to_tensor_dtype(tensors[n].numpy().dtype)
-                               if tensors[n].dtype != torch.bfloat16 else onnx.TensorProto.BFLOAT16,
-                               tuple(tensors[n].shape)) for n in trained]
+            infos = [ParamInfo(n, TORCH_TO_ONNX[tensors[n].dtype], tuple(tensors[n].shape)) for n in trained]
             step = optimizer.build(infos, opset=opset)
             protos["optimizer"] = step.model
             declared = {v.name: v for v in (*step.model.graph.input, *step.model.graph.output)}
@@ -698,7 +696,7 @@ def _export(
         written: list[pathlib.Path] = []
         onnx_nodes = {}
         for graph, proto in protos.items():
-            _attach_signature(proto, signature, graph)
+            _attach_metadata(proto, signature, graph)
             written += _save_model(proto, out_dir / f"{graph}.onnx")
             onnx_nodes[f"{graph}.onnx"] = len(proto.graph.node)
         if optimizer is None:
@@ -718,105 +716,3 @@ def _versions(opset: int) -> dict:
 
     return {"aot2onnx": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
             "onnxruntime": onnxruntime.__version__, "opset": opset}
-
-
-# ---------------------------------------------------------------------------------------------------------
-# python -m aot2onnx export
-
-
-def _load_factory(spec: str) -> Callable[[], nn.Module]:
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"expected MODULE:FACTORY (e.g. mypkg.models:make_model or path/to/file.py:make_model), got {spec!r}")
-    if module_name.endswith(".py") or os.sep in module_name:
-        path = pathlib.Path(module_name)
-        if not path.is_file():
-            raise ValueError(f"no such file: {path}")
-        loaded_spec = importlib.util.spec_from_file_location(path.stem, path)
-        mod = importlib.util.module_from_spec(loaded_spec)
-        sys.modules.setdefault(path.stem, mod)
-        loaded_spec.loader.exec_module(mod)
-    else:
-        try:
-            mod = importlib.import_module(module_name)
-        except ImportError as e:
-            raise ValueError(f"cannot import {module_name}: {e}") from e
-    factory = mod
-    for part in attr.split("."):
-        if not hasattr(factory, part):
-            raise ValueError(f"{module_name} has no attribute {attr!r}")
-        factory = getattr(factory, part)
-    if not callable(factory):
-        raise ValueError(f"{spec} is not callable")
-    return factory
-
-
-def _example_inputs(path: str, module: nn.Module) -> list[torch.Tensor]:
-    with np.load(path, allow_pickle=False) as data:
-        arrays = dict(data.items())
-    positional = [f"arr_{i}" for i in range(len(arrays))]
-    if sorted(arrays) == sorted(positional):
-        ordered = [arrays[k] for k in positional]
-    else:
-        names = _input_names(module, len(arrays), set())
-        missing = [n for n in names if n not in arrays]
-        if missing:
-            raise ValueError(
-                f"{path} holds {sorted(arrays)}; name the arrays after {type(module).__name__}.forward's parameters "
-                f"({names}) or save them positionally (np.savez(path, x, y) gives arr_0, arr_1)"
-            )
-        ordered = [arrays[n] for n in names]
-    return [torch.from_numpy(np.asarray(a, order="C")) for a in ordered]
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m aot2onnx export",
-        description="Export forward.onnx, backward.onnx, optimizer.onnx, state.safetensors and signature.json "
-        "for training on a device (see docs/artifact-format.md).",
-    )
-    parser.add_argument("factory", metavar="MODULE:FACTORY",
-                        help="a callable returning the nn.Module whose forward returns the loss (MODULE is a dotted "
-                        "module name or a .py file)")
-    parser.add_argument("--example-inputs", required=True, metavar="FILE.npz",
-                        help="one example batch: arrays named after forward's parameters, or arr_0, arr_1, ...")
-    parser.add_argument("--out", required=True, metavar="DIR", help="the artifact directory")
-    parser.add_argument("--optimizer", choices=("sgd", "adamw"), help="write optimizer.onnx for this optimizer")
-    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
-    parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
-    parser.add_argument("--weight-decay", type=float, help="default 0 for SGD, 0.01 for AdamW")
-    parser.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.999), metavar=("BETA1", "BETA2"))
-    parser.add_argument("--eps", type=float, default=1e-8, help="AdamW epsilon (default 1e-8)")
-    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default {DEFAULT_OPSET})")
-    parser.add_argument("--static-batch", action="store_true", help="keep the example's batch size fixed")
-    parser.add_argument("--seed", type=int, help="torch.manual_seed before calling the factory")
-    parser.add_argument("--quiet", action="store_true", help="no progress display")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from aot2onnx.errors import Aot2OnnxError
-
-    args = _parser().parse_args(argv)
-    optimizer: Optimizer | None = None
-    try:
-        # Bad arguments are refused before any work: the factory may build a large model.
-        check_target_opset(args.opset)
-        if args.optimizer == "sgd":
-            optimizer = SGD(args.lr, momentum=args.momentum, weight_decay=args.weight_decay or 0.0)
-        elif args.optimizer == "adamw":
-            optimizer = AdamW(args.lr, betas=tuple(args.betas), eps=args.eps,
-                              weight_decay=0.01 if args.weight_decay is None else args.weight_decay)
-        if args.seed is not None:
-            torch.manual_seed(args.seed)
-        module = _load_factory(args.factory)()
-        if not isinstance(module, nn.Module):
-            raise ValueError(f"{args.factory} returned {type(module).__name__}, not an nn.Module")
-        inputs = _example_inputs(args.example_inputs, module)
-        artifact = export_training(module, inputs, args.out, optimizer=optimizer, dynamic_batch=not args.static_batch,
-                                   opset=args.opset, progress=None if args.quiet else sys.stderr.write)
-    except (Aot2OnnxError, ValueError, OSError) as e:
-        print(f"aot2onnx export: error: {e}", file=sys.stderr)
-        return 1
-    print(artifact.summary())
-    return 0

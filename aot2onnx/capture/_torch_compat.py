@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ __all__ = [
     "FAKE_CONV_HINT",
     "FakeTensorMode",
     "GRAPH_BREAK_NOTES",
+    "after_dynamo_reset",
     "GmWrapper",
     "LINALG_CHECK",
     "OutputCode",
@@ -218,6 +219,33 @@ CallbackTrigger = _graph_break_found.get("CallbackTrigger")
 ConvertFrameAssert = _graph_break_found.get("ConvertFrameAssert")
 innermost_backend = _graph_break_found.get("innermost_backend")
 graph_break_reasons = _graph_break_found.get("graph_break_reasons")
+
+
+def after_dynamo_reset(fn: Callable[[], None]) -> None:
+    """Calls ``fn`` each time ``torch._dynamo.reset()`` has cleared Dynamo's compile callbacks.
+
+    reset() clears ``callback_handler``'s callbacks through its ``clear()`` (torch/_dynamo/__init__.py), and
+    Dynamo offers no hook to run after it: the handler's ``clear`` is wrapped, on the instance, to call ``fn``
+    after it (once per ``fn``, however often this is called). Without this, the callbacks would be registered
+    again only when aot2onnx next compiles a graph, and a frame that Dynamo gives up before calling any backend
+    (an RNN module: graph_breaks.py) would go unseen.
+    """
+    handler = callback_handler
+    clear = handler.clear
+    kept: list[Callable[[], None]] | None = getattr(clear, "_aot2onnx_after", None)
+    if kept is not None:
+        if fn not in kept:
+            kept.append(fn)
+        return
+    after = [fn]
+
+    def clear_then_call() -> None:
+        clear()
+        for f in after:
+            f()
+
+    clear_then_call._aot2onnx_after = after  # type: ignore[attr-defined]
+    handler.clear = clear_then_call
 
 
 # --- where the supported releases differ ------------------------------------------------------------------

@@ -21,9 +21,10 @@ The callback's arguments do not say which backend the frame is compiled for: tha
 ``ConvertFrameAssert`` running the compilation, found on the Python stack and unwrapped with Dynamo's own
 ``innermost_backend``. Frames compiled for other backends are not reported.
 
-``torch._dynamo.reset()`` removes every callback; :func:`install` registers them again, and runs when aot2onnx is
-imported (which ``torch.compile(backend="aot2onnx")`` does the first time), when :func:`aot2onnx.backend` makes a
-backend and whenever aot2onnx compiles a graph.
+:func:`install` registers the callbacks when aot2onnx is imported (which ``torch.compile(backend="aot2onnx")``
+does the first time), when :func:`aot2onnx.backend` makes a backend and whenever aot2onnx compiles a graph.
+``torch._dynamo.reset()`` removes every callback: :func:`install` runs again right after it
+(``after_dynamo_reset``), so a frame compiled after a reset is checked even if it never reaches the backend.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from aot2onnx.capture._torch_compat import (
     CallbackArgs,
     CallbackTrigger,
     ConvertFrameAssert,
+    after_dynamo_reset,
     callback_handler,
     counters,
     graph_break_reasons,
@@ -137,6 +139,7 @@ def install() -> None:
     _installed, _started = _Records.now(), None
     handler.register_start_callback(_on_start)
     handler.register_end_callback(_on_end)
+    after_dynamo_reset(install)
 
 
 def _on_start(args: CallbackArgs) -> None:

@@ -21,12 +21,12 @@ import onnxscript
 import torch
 import torch.fx
 from onnxscript import rewriter
-from onnxscript.optimizer import _constant_folding
 from onnxscript.rewriter.rules import common as rules
 
 from aot2onnx.capture._torch_compat import unset_fake_temporarily
 from aot2onnx.errors import LoweringError, UnsupportedOpError, user_source_line
 from aot2onnx.lower import _exporter_compat as exporter
+from aot2onnx.lower import _onnxscript_compat as onnxscript_compat
 from aot2onnx.lower.checks import Check, collecting
 from aot2onnx.lower.ops._common import mark_complex
 from aot2onnx.lower.ops._control import for_device
@@ -527,10 +527,10 @@ def optimize_exactly(model: ir.Model) -> None:
       (random ops are not merged: each has its own seed, see :func:`seed_random_ops`);
     - output and name fixes: names only.
     """
-    fold = _constant_folding.FoldConstantsPass(
+    fold = onnxscript_compat.FoldConstantsPass(
         shape_inference=True,
-        input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
-        output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
+        input_size_limit=onnxscript_compat.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
+        output_size_limit=onnxscript_compat.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
         should_fold=_folds_exactly,
     )
     passes = ir.passes.Sequential(

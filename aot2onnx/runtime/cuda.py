@@ -31,6 +31,7 @@ import onnxruntime as ort
 import torch
 
 from aot2onnx.options import Options
+from aot2onnx.runtime.dtypes import ONNX_TO_TORCH
 
 __all__ = ["GraphedRuns", "foreach_copy", "graph_op_types", "precision_settings", "provider_options", "tf32_allowed"]
 
@@ -173,19 +174,6 @@ def provider_options(device: torch.device, options: Options, *, tf32: bool, cuda
 # public name.
 foreach_copy = torch.ops.aten._foreach_copy_.default
 
-_TO_TORCH = {
-    onnx.TensorProto.FLOAT: torch.float32,
-    onnx.TensorProto.DOUBLE: torch.float64,
-    onnx.TensorProto.FLOAT16: torch.float16,
-    onnx.TensorProto.BFLOAT16: torch.bfloat16,
-    onnx.TensorProto.INT64: torch.int64,
-    onnx.TensorProto.INT32: torch.int32,
-    onnx.TensorProto.INT16: torch.int16,
-    onnx.TensorProto.INT8: torch.int8,
-    onnx.TensorProto.UINT8: torch.uint8,
-    onnx.TensorProto.BOOL: torch.bool,
-}
-
 # Plain runs before the graph is captured: the first learns which inputs keep their memory from call to call
 # (parameters, buffers), the second confirms it. ONNX Runtime makes its own warm-up run before capturing.
 _WARMUP_CALLS = 2
@@ -239,8 +227,8 @@ class GraphedRuns:
         self.output_names = list(output_names)
         declared = {v.name: v for v in (*model.graph.input, *model.graph.output)}
         self._outputs = [
-            ([d.dim_value for d in declared[n].type.tensor_type.shape.dim], _TO_TORCH[declared[n].type.tensor_type.elem_type])
-            for n in output_names
+            ([d.dim_value for d in t.shape.dim], ONNX_TO_TORCH[t.elem_type])
+            for t in (declared[n].type.tensor_type for n in output_names)
         ]
         self.calls = 0
         self.replays = 0

@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-from onnxruntime.capi import _pybind_state as _C
+import onnxruntime as ort
 from torch.utils.dlpack import from_dlpack as _from_capsule
 
 from aot2onnx.errors import RuntimeSessionError
+from aot2onnx.runtime import _ort_compat
 from aot2onnx.signature import GraphSignature, InputKind
 
 __all__ = ["OneCallRun", "refusal"]
@@ -64,7 +65,7 @@ def refusal(model: onnx.ModelProto, signature: GraphSignature, device: torch.dev
         return "it runs on another provider than ONNX Runtime's CPU one"
     if signature.has_complex:
         return "a complex tensor crosses its boundary (bound as its real pairs, a view made per call)"
-    if not (hasattr(_C.OrtValueVector, "push_back_batch") and hasattr(_C.InferenceSession, "run_with_ortvaluevector")):
+    if _ort_compat.ort_value_vector() is None:
         return "this onnxruntime has no OrtValueVector.push_back_batch or run_with_ortvaluevector"
     if in_place:
         return "it writes inputs in place"
@@ -83,10 +84,10 @@ class OneCallRun:
         self.names = [spec.onnx_name for _, spec in inputs]
         self.symints = [k for k, (_, spec) in enumerate(inputs) if spec.kind is InputKind.SYMINT]
         self.output_names = list(output_names)
-        cpu = _C.OrtDevice(_C.OrtDevice.cpu(), _C.OrtDevice.default_memory(), 0)
+        cpu = _ort_compat.c_device("cpu")
         self.input_devices = [cpu] * len(self.names)
         self.output_devices = [cpu] * len(self.output_names)
-        self.run_options = _C.RunOptions()
+        self.run_options = ort.RunOptions()
 
     def tensors(self, args: Sequence[Any], graph_name: str) -> list[torch.Tensor]:
         """The inputs as ONNX Runtime takes them: contiguous CPU tensors, sizes as 0-d int64 tensors."""
@@ -100,7 +101,7 @@ class OneCallRun:
     def run(self, sess_run: Any, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Runs the session (``run_with_ortvaluevector``, or a timed wrapper of it) on ``tensors``; the outputs
         in the order of ``output_names``. An input dtype numpy has no type for raises KeyError before the run."""
-        feeds = _C.OrtValueVector()
+        feeds = _ort_compat.ort_value_vector()
         feeds.push_back_batch(
             tensors,
             [t.data_ptr() or _EMPTY.data_ptr() for t in tensors],
@@ -108,7 +109,7 @@ class OneCallRun:
             [t.shape for t in tensors],
             self.input_devices,
         )
-        fetches = _C.OrtValueVector()
+        fetches = _ort_compat.ort_value_vector()
         sess_run(self.run_options, self.names, feeds, self.output_names, fetches, self.output_devices)
         return fetches.to_dlpacks(_from_capsule)
 

@@ -22,12 +22,15 @@ from torch.utils.dlpack import from_dlpack as _from_capsule
 from aot2onnx.errors import RuntimeSessionError, source_line
 from aot2onnx.options import Options
 from aot2onnx.runtime import cuda, fused
+from aot2onnx.runtime._ort_compat import c_binding, c_device, c_run_with_iobinding, c_run_with_ortvaluevector
+from aot2onnx.runtime.dtypes import TORCH_TO_ONNX
 from aot2onnx.runtime.inplace import writable_in_place
 from aot2onnx.runtime.nchwc import DOMAIN as NCHWC
 from aot2onnx.runtime.nchwc import rewrite_convolutions
 from aot2onnx.runtime.one_call import OneCallRun
 from aot2onnx.runtime.one_call import refusal as one_call_refusal
 from aot2onnx.runtime.precision import compute_in_float
+from aot2onnx.runtime.rewrites import disabled_optimizers
 from aot2onnx.signature import (
     CHECK_LINALG,
     CHECK_NEGATIVE_INDEX,
@@ -53,19 +56,6 @@ __all__ = [
     "reset_compiled_graphs",
     "session_options",
 ]
-
-_TORCH_TO_ONNX = {
-    torch.float32: onnx.TensorProto.FLOAT,
-    torch.float64: onnx.TensorProto.DOUBLE,
-    torch.float16: onnx.TensorProto.FLOAT16,
-    torch.bfloat16: onnx.TensorProto.BFLOAT16,
-    torch.int64: onnx.TensorProto.INT64,
-    torch.int32: onnx.TensorProto.INT32,
-    torch.int16: onnx.TensorProto.INT16,
-    torch.int8: onnx.TensorProto.INT8,
-    torch.uint8: onnx.TensorProto.UINT8,
-    torch.bool: onnx.TensorProto.BOOL,
-}
 
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -275,42 +265,6 @@ def _explain_session_error(model: onnx.ModelProto, message: str) -> str:
     return "".join(lines)
 
 
-def _disabled_optimizers(model: onnx.ModelProto) -> list[str]:
-    """ONNX Runtime's graph rewrites that would compute a wrong result in ``model``.
-
-    NoopElimination, always: it removes ``Add(x, 0.0)``, which is not a no-op for ``x = -0.0`` (eager's
-    ``(-x + 0.0) * 3`` at ``x = 0`` is 0.0; with the Add removed, -0.0). The lowering's own passes remove
-    only exact no-ops (lower/translate.py), so nothing is lost. The torch-free trainer (artifact/edge.py)
-    turns it off too.
-
-    ExpandElimination removes an Expand whose constant target sizes are each at most 1 where they differ
-    from the input's, taking it for a no-op; but expanding a size-1 dimension to size 0 empties it (the
-    gradient of a sum over an empty batch is such an Expand: with it removed, ONNX Runtime 1.32 returns a
-    [1, n] gradient for a [0, n] input). Only models with an empty dimension go without the rewrite.
-    """
-    return ["NoopElimination", *_expand_elimination(model)]
-
-
-def _expand_elimination(model: onnx.ModelProto) -> list[str]:
-    nodes = [*model.graph.node, *(node for function in model.functions for node in function.node)]
-    if not any(node.op_type == "Expand" for node in nodes):
-        return []
-    values = (*model.graph.input, *model.graph.output, *model.graph.value_info)
-    if any(
-        dim.HasField("dim_value") and dim.dim_value == 0 for value in values for dim in value.type.tensor_type.shape.dim
-    ):
-        return ["ExpandElimination"]
-    constants = {t.name: t for t in model.graph.initializer}
-    constants.update(
-        {n.output[0]: a.t for n in nodes if n.op_type == "Constant" for a in n.attribute if a.name == "value"}
-    )
-    for node in nodes:
-        if node.op_type == "Expand" and node.input[1] in constants:
-            if 0 in onnx.numpy_helper.to_array(constants[node.input[1]]).reshape(-1):
-                return ["ExpandElimination"]
-    return []
-
-
 # Threads per graph, measured: a graph of many small kernels can run faster on one thread than on several,
 # each of its parallel kernels waking the pool's other threads (idle threads do not spin, see Options). With
 # the thread count left to aot2onnx, a CPU graph's calls after the first _TRIAL_WARMUP alternate between its
@@ -376,7 +330,7 @@ class _Runner:
             so.profile_file_prefix = trial.options.profile_file_prefix
         session = ort.InferenceSession(trial.model_bytes, sess_options=so, providers=["CPUExecutionProvider"],
                                        disabled_optimizers=trial.disabled_optimizers)
-        return _Runner(session, session.io_binding()._iobinding, session._sess.run_with_iobinding, {})
+        return _Runner(session, c_binding(session), c_run_with_iobinding(session), {})
 
 
 def _thread_trial_applies(model: onnx.ModelProto, options: Options, providers: list[Any],
@@ -489,7 +443,7 @@ class OrtGraph:
                 if self.one_call_refusal is None:
                     self._one_call = OneCallRun(signature, [name for name, _ in self._output_dims])
                 model_bytes = model.SerializeToString()
-                disabled = _disabled_optimizers(model)
+                disabled = disabled_optimizers(model)
                 self.fused_kernels = uses_fused_kernels(model)
                 sess_options = session_options(options, fused_kernels=self.fused_kernels)
                 self._session = self._open(model_bytes, sess_options, providers, disabled)
@@ -501,16 +455,14 @@ class OrtGraph:
                 raise RuntimeSessionError(
                     f"ONNX Runtime could not create a session for graph {name!r}: {e}{_explain_session_error(model, str(e))}"
                 ) from e
-            self._binding = self._session.io_binding()._iobinding
-            self._ort_run: Callable[[Any, Any], None] | None = self._session._sess.run_with_iobinding
+            self._binding = c_binding(self._session)
+            self._ort_run: Callable[[Any, Any], None] | None = c_run_with_iobinding(self._session)
             self._model_bytes, self._disabled = model_bytes, disabled
         else:
             self._ort_run = None
         self._cpu = device.type == "cpu"
-        self._ort_device = ort.OrtDevice.make(
-            "cuda" if device.type == "cuda" else "cpu", device.index or 0
-        )._get_c_device()
-        self._host_device = ort.OrtDevice.make("cpu", 0)._get_c_device()
+        self._ort_device = c_device("cuda" if device.type == "cuda" else "cpu", device.index or 0)
+        self._host_device = c_device("cpu", 0)
         self._lock = threading.Lock()
         self._trial_lock = threading.Lock()
         # What the thread trial measured, once settled: the threads it started with, and the median run
@@ -577,8 +529,8 @@ class OrtGraph:
             self._graphed, self._run_options = None, None
             self._session = self._open(self._model_bytes, session_options(self.options), self._cuda_providers(),
                                        self._disabled)
-            self._binding = self._session.io_binding()._iobinding
-            self._ort_run = self._session._sess.run_with_iobinding
+            self._binding = c_binding(self._session)
+            self._ort_run = c_run_with_iobinding(self._session)
             self._bound = {}
 
     def __call__(self, args: list[Any]) -> list[Any]:
@@ -696,7 +648,7 @@ class OrtGraph:
                 if spec.kind is InputKind.SYMINT:
                     # In host memory: a size feeds shapes, which a device kernel reads from the host.
                     arg = torch.tensor(int(arg), dtype=torch.int64)
-                    bound = (arg.data_ptr(), (), _TORCH_TO_ONNX[torch.int64])
+                    bound = (arg.data_ptr(), (), TORCH_TO_ONNX[torch.int64])
                     keep_alive.append(arg)
                     binding.bind_input(spec.onnx_name, self._host_device, bound[2], [], bound[0])
                     self._bound.pop(spec.onnx_name, None)
@@ -712,7 +664,7 @@ class OrtGraph:
                 elif not arg.is_contiguous():
                     arg = arg.contiguous()
                 keep_alive.append(arg)
-                dtype = _TORCH_TO_ONNX.get(arg.dtype)
+                dtype = TORCH_TO_ONNX.get(arg.dtype)
                 if dtype is None:
                     raise RuntimeSessionError(f"graph {self.name!r}: ONNX Runtime cannot take {arg.dtype} tensors")
                 bound = (arg.data_ptr(), tuple(arg.shape), dtype)
@@ -768,7 +720,7 @@ class OrtGraph:
         assert one_call is not None
         tensors = one_call.tensors(args, self.name)
         with self._lock:
-            sess_run = self._session._sess.run_with_ortvaluevector
+            sess_run = c_run_with_ortvaluevector(self._session)
             timed = _TimedRun(sess_run) if isinstance(ort_run, _TimedRun) else None
             try:
                 results = one_call.run(sess_run if timed is None else timed, tensors)
@@ -857,11 +809,11 @@ class OrtGraph:
         binding = self._binding
 
         def bind_input(name: str, tensor: torch.Tensor) -> None:
-            binding.bind_input(name, self._ort_device, _TORCH_TO_ONNX[tensor.dtype], list(tensor.shape),
+            binding.bind_input(name, self._ort_device, TORCH_TO_ONNX[tensor.dtype], list(tensor.shape),
                                tensor.data_ptr())
 
         def bind_output(name: str, tensor: torch.Tensor) -> None:
-            binding.bind_output(name, self._ort_device, _TORCH_TO_ONNX[tensor.dtype], list(tensor.shape),
+            binding.bind_output(name, self._ort_device, TORCH_TO_ONNX[tensor.dtype], list(tensor.shape),
                                 tensor.data_ptr())
 
         graphed.setup(tensors, bind_input, bind_output)
@@ -906,7 +858,7 @@ class OrtGraph:
                 and arg.device == self.device
                 and arg.is_contiguous()
                 and arg.numel() > 0
-                and (dtype := _TORCH_TO_ONNX.get(arg.dtype)) is not None
+                and (dtype := TORCH_TO_ONNX.get(arg.dtype)) is not None
             ):
                 bound = (arg.data_ptr(), tuple(arg.shape), dtype)
                 if self._bound.get(name) != bound:

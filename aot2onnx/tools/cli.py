@@ -10,7 +10,7 @@ import sys
 
 _COMMANDS = {
     "coverage": ("aot2onnx.tools.coverage", "regenerate opset_tables/ from the OpInfo sweep"),
-    "export": ("aot2onnx.artifact.export", "export forward/backward/optimizer ONNX models for on-device training"),
+    "export": ("aot2onnx.tools.export", "export forward/backward/optimizer ONNX models for on-device training"),
     "bench": ("aot2onnx.tools.bench", "time training steps: eager, inductor and aot2onnx side by side"),
     "parity": ("aot2onnx.tools.parity", "where ONNX Runtime and eager part in one training step, down to the node"),
     "kernels": ("aot2onnx.runtime.fused", "build aot2onnx's fused training kernels (make demo and make test do)"),

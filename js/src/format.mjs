@@ -8,6 +8,22 @@ export const READABLE_FORMATS = ["aot2onnx.training/1", FORMAT];
 export const SIGNATURE_FILE = "signature.json";
 export const STATE_FILE = "state.safetensors";
 export const SIGNATURE_KEY = "aot2onnx.signature"; // each model's metadata_props entry holding the signature
+// Each model's metadata_props entry naming ONNX Runtime's rewrites that would compute a wrong result in it,
+// comma-separated (aot2onnx's runtime decides, the exporter records it: aot2onnx/runtime/rewrites.py).
+export const DISABLED_OPTIMIZERS_KEY = "aot2onnx.ort_disabled_optimizers";
+// What a model exported before that entry existed is read with: every rewrite aot2onnx had turned off by then.
+export const DISABLED_BEFORE_THE_KEY = "NoopElimination,ExpandElimination";
+
+/** The rewrites to turn off for one model (its metadata), refused unless they are names. */
+export function disabledOptimizers(metadata, path) {
+  const recorded = metadata[DISABLED_OPTIMIZERS_KEY];
+  if (recorded === undefined) return DISABLED_BEFORE_THE_KEY;
+  if (recorded !== "" && !recorded.split(",").every((name) => /^[A-Za-z][A-Za-z0-9_]*$/.test(name))) {
+    throw new ArtifactError(`${path}: metadata ${repr(DISABLED_OPTIMIZERS_KEY)} is ${repr(recorded)}, not a ` +
+      "comma-separated list of ONNX Runtime rewrite names");
+  }
+  return recorded;
+}
 export const STEP_STATE = "optimizer:step";
 export const GRAPHS = ["forward", "backward", "optimizer"];
 export const DTYPES = ["float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",

@@ -4,23 +4,21 @@
 // after all three.
 
 import { openArtifact } from "./artifact.mjs";
-import { ArtifactError, FORMAT, STEP_STATE, lrFactor, repr } from "./format.mjs";
+import { ArtifactError, DISABLED_BEFORE_THE_KEY, FORMAT, STEP_STATE, disabledOptimizers, lrFactor, repr } from "./format.mjs";
 import { ARRAYS, numel, writeSafetensors } from "./safetensors.mjs";
 
-// ONNX Runtime's rewrites that change results: NoopElimination removes Add(x, 0.0), which turns the model's 0.0
-// into x's -0.0 (aot2onnx's own sessions and edge.py turn it off too).
-const DISABLED_OPTIMIZERS = "NoopElimination";
 // ONNX Runtime for JavaScript has no bfloat16 tensors.
 const ORT_DTYPES = new Set(["float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "uint16",
   "uint32", "uint64", "bool"]);
 
-/** Session options as edge.py sets them: no spinning threads between runs, no NoopElimination. */
-export function sessionOptions({ threads = 0, executionProviders } = {}) {
+/** Session options as edge.py sets them: no spinning threads between runs, and the rewrites the model names
+ * (its metadata, disabledOptimizers) turned off. */
+export function sessionOptions({ threads = 0, executionProviders, disabled = DISABLED_BEFORE_THE_KEY } = {}) {
   const options = {
     graphOptimizationLevel: "all",
     extra: {
       session: { intra_op: { allow_spinning: "0" } },
-      optimization: { disable_specified_optimizers: DISABLED_OPTIMIZERS },
+      optimization: { disable_specified_optimizers: disabled },
     },
   };
   if (threads > 0) options.intraOpNumThreads = threads;
@@ -49,7 +47,7 @@ export class Trainer {
     }
     const sessions = {};
     for (const [graph, model] of Object.entries(artifact.models)) {
-      const config = sessionOptions(options);
+      const config = sessionOptions({ ...options, disabled: disabledOptimizers(model.info.metadata, model.path) });
       if (model.external.length) {
         config.externalData = await Promise.all(model.external.map(async (e) => ({ path: e.location, data: await e.read() })));
       }

@@ -79,8 +79,8 @@ def _option(text: str) -> tuple[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from aot2onnx.artifact.export import _example_inputs, _load_factory
     from aot2onnx.errors import Aot2OnnxError
+    from aot2onnx.tools.export import example_inputs, load_factory
     from aot2onnx.tools.parity.compare import compare
 
     args = _parser().parse_args(argv)
@@ -92,12 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.manual_seed(args.seed)
         if say:
             say(f"building {args.factory}")
-        model = _load_factory(args.factory)()
+        model = load_factory(args.factory)()
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"{args.factory} returned {type(model).__name__}, not an nn.Module")
         if args.eval:
             model.eval()
-        inputs = _example_inputs(args.example_inputs, model)
+        inputs = example_inputs(args.example_inputs, model)
         targets = None
         if args.targets:
             with np.load(args.targets, allow_pickle=False) as data:

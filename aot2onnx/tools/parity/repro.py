@@ -13,17 +13,12 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
+from aot2onnx.runtime.dtypes import TORCH_TO_ONNX
+
 if TYPE_CHECKING:
     from aot2onnx.tools.parity.nodes import NodeParity
 
 __all__ = ["Reproducer", "make_reproducer"]
-
-_ELEMENT_TYPES = {
-    torch.float32: TensorProto.FLOAT, torch.float64: TensorProto.DOUBLE, torch.float16: TensorProto.FLOAT16,
-    torch.bfloat16: TensorProto.BFLOAT16, torch.int64: TensorProto.INT64, torch.int32: TensorProto.INT32,
-    torch.int16: TensorProto.INT16, torch.int8: TensorProto.INT8, torch.uint8: TensorProto.UINT8,
-    torch.bool: TensorProto.BOOL,
-}
 
 
 @dataclasses.dataclass
@@ -136,7 +131,7 @@ def make_reproducer(
             casts.append(helper.make_node("Cast", [f"{name}__float32"], [name], to=TensorProto.BFLOAT16))
             arrays[f"{name}__float32"] = _array(value)
         else:
-            graph_inputs.append(helper.make_tensor_value_info(name, _ELEMENT_TYPES[value.dtype], list(value.shape)))
+            graph_inputs.append(helper.make_tensor_value_info(name, TORCH_TO_ONNX[value.dtype], list(value.shape)))
             arrays[name] = _array(value)
     graph_outputs, wanted = [], {}
     for name, value in expected.items():
@@ -146,7 +141,7 @@ def make_reproducer(
             name = f"{name}__float32"
             graph_outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(value.shape)))
         else:
-            graph_outputs.append(helper.make_tensor_value_info(name, _ELEMENT_TYPES[value.dtype], list(value.shape)))
+            graph_outputs.append(helper.make_tensor_value_info(name, TORCH_TO_ONNX[value.dtype], list(value.shape)))
         wanted[name] = _array(value)
     graph = helper.make_graph(casts + nodes, f"{node.fx_name}_reproducer", graph_inputs, graph_outputs, constants)
     sub = helper.make_model(graph, opset_imports=list(model.opset_import), functions=list(model.functions),

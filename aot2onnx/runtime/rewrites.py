@@ -1,0 +1,50 @@
+"""ONNX Runtime's graph rewrites that aot2onnx turns off, and why: the one place this is decided.
+
+The compile backend's sessions (runtime/session.py) and ``aot2onnx.load`` ask :func:`disabled_optimizers` of
+each model they open. The torch-free trainer (artifact/edge.py) is copied to devices alone and imports nothing
+of aot2onnx, so it cannot ask: the exporter asks for it, for each model of the artifact, and records the answer
+in the model (metadata ``aot2onnx.ort_disabled_optimizers``, docs/artifact-format.md), which the trainer passes
+to ONNX Runtime as it is.
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx.numpy_helper
+
+__all__ = ["disabled_optimizers"]
+
+
+def disabled_optimizers(model: onnx.ModelProto) -> list[str]:
+    """ONNX Runtime's graph rewrites that would compute a wrong result in ``model``.
+
+    NoopElimination, always: it removes ``Add(x, 0.0)``, which is not a no-op for ``x = -0.0`` (eager's
+    ``(-x + 0.0) * 3`` at ``x = 0`` is 0.0; with the Add removed, -0.0). The lowering's own passes remove
+    only exact no-ops (lower/translate.py), so nothing is lost.
+
+    ExpandElimination removes an Expand whose constant target sizes are each at most 1 where they differ
+    from the input's, taking it for a no-op; but expanding a size-1 dimension to size 0 empties it (the
+    gradient of a sum over an empty batch is such an Expand: with it removed, ONNX Runtime 1.32 returns a
+    [1, n] gradient for a [0, n] input). Only models with an empty dimension go without the rewrite.
+    """
+    return ["NoopElimination", *_expand_elimination(model)]
+
+
+def _expand_elimination(model: onnx.ModelProto) -> list[str]:
+    nodes = [*model.graph.node, *(node for function in model.functions for node in function.node)]
+    if not any(node.op_type == "Expand" for node in nodes):
+        return []
+    values = (*model.graph.input, *model.graph.output, *model.graph.value_info)
+    if any(
+        dim.HasField("dim_value") and dim.dim_value == 0 for value in values for dim in value.type.tensor_type.shape.dim
+    ):
+        return ["ExpandElimination"]
+    constants = {t.name: t for t in model.graph.initializer}
+    constants.update(
+        {n.output[0]: a.t for n in nodes if n.op_type == "Constant" for a in n.attribute if a.name == "value"}
+    )
+    for node in nodes:
+        if node.op_type == "Expand" and node.input[1] in constants:
+            if 0 in onnx.numpy_helper.to_array(constants[node.input[1]]).reshape(-1):
+                return ["ExpandElimination"]
+    return []
