@@ -280,9 +280,6 @@ ENTRIES: dict[str, Entry] = _table([
     ("nn.functional.embedding_bag", entry(xfail("unsupported", "no lowering for _embedding_bag_backward", kind="bwd"))),
     ("nn.functional.fractional_max_pool2d", entry(xfail("unsupported", "no lowering for fractional_max_pool2d"))),
     ("nn.functional.fractional_max_pool3d", entry(xfail("unsupported", "no lowering for fractional_max_pool3d"))),
-    *[(name, entry(xfail("unsupported", "no lowering for torch_nn's chunked linear cross-entropy op"))) for name in (
-        "nn.functional.linear_cross_entropy.chunked", "nn.functional.linear_cross_entropy.chunked_none",
-    )],
     ("nonzero_static", entry(xfail("unsupported", "no lowering for nonzero_static"))),
     ("combinations", entry(xfail("unsupported", "no lowering for nonzero_static, which torch 2.14's combinations "
                                                 "is traced through", when=torch_behaviour.combinations_decomposes_to_nonzero_static))),
@@ -308,8 +305,6 @@ ENTRIES: dict[str, Entry] = _table([
     # --- ONNX Runtime refuses the model or fails running it.
     ("nn.functional.pad.replicate_negative", entry(xfail(
         "ort", "ONNX Runtime's edge Pad rejects the negative pads (\"zero effective input extent\")"))),
-    ("nn.functional.unfold", entry(xfail(
-        "ort", "torch_lib's im2col reshapes an empty batch with a 0 in a shape that also holds -1; ONNX Runtime refuses it"))),
     *[(name, entry(xfail("lowering", "ONNX Runtime has no int64 Relu kernel (cumprod's backward takes one of its int64 "
                                      "indices): it runs one in an opset-18 model through the schema's function body, "
                                      "not at a newer opset, and aot2onnx refuses to convert such a node",

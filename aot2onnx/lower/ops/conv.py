@@ -346,3 +346,45 @@ def aten_convolution_backward(
         axes = op.Constant(value_ints=[0, *range(2, 2 + spatial)])
         grad_bias = op.ReduceSum(grad_output, axes, keepdims=0)
     return grad_input, grad_weight, grad_bias
+
+
+@project_rule(aten.im2col.default)
+def aten_im2col(self, kernel_size: Sequence[int], dilation: Sequence[int], padding: Sequence[int], stride: Sequence[int]):
+    """im2col(Tensor self, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor"""
+    # out[..., (c, i, j), (oh, ow)] = padded[..., c, oh * sh + i * dh, ow * sw + j * dw]: two Gathers with
+    # [k, out] index grids. torch_lib's rule reshapes with a -1 beside the batch, which ONNX Runtime refuses
+    # for an empty batch; here every size of the result comes from the input's shape or is static.
+    h, w = list(self.shape)[-2:]
+    if not (isinstance(h, int) and isinstance(w, int)):
+        raise NotImplementedError("im2col needs static spatial sizes")
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (_ints(v, 2) for v in (kernel_size, dilation, padding, stride))
+    out_h, out_w = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    rank = len(self.shape)
+    padded = self
+    if ph or pw:
+        pads = [0] * (rank - 2) + [ph, pw] + [0] * (rank - 2) + [ph, pw]
+        padded = op.Pad(self, op.Constant(value_ints=pads), op.CastLike(0.0, self))
+    rows = np.arange(kh)[:, None] * dh + np.arange(out_h)[None, :] * sh
+    cols = np.arange(kw)[:, None] * dw + np.arange(out_w)[None, :] * sw
+    blocks = op.Gather(padded, op.Constant(value=ir.tensor(rows.astype(np.int64))), axis=rank - 2)  # [.., C, kh, oh, W]
+    blocks = op.Gather(blocks, op.Constant(value=ir.tensor(cols.astype(np.int64))), axis=rank)  # [.., C, kh, oh, kw, ow]
+    lead = list(range(rank - 2))
+    blocks = op.Transpose(blocks, perm=[*lead, rank - 2, rank, rank - 1, rank + 1])  # [.., C, kh, kw, oh, ow]
+    channels = op.Shape(self, start=rank - 3, end=rank - 2)
+    shape = op.Concat(op.Shape(self, end=rank - 3), op.Mul(channels, op.Constant(value_ints=[kh * kw])),
+                      op.Constant(value_ints=[out_h * out_w]), axis=0)
+    return op.Reshape(blocks, shape)
+
+
+@project_rule(aten.col2im.default)
+def aten_col2im(self, output_size: Sequence[int], kernel_size: Sequence[int], dilation: Sequence[int],
+                padding: Sequence[int], stride: Sequence[int]):
+    """col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor"""
+    # ONNX's Col2Im takes a batch only: an unbatched [C * kh * kw, L] input (fold's, and unfold's gradient)
+    # gets a batch of one.
+    batched = len(self.shape) == 3
+    cols = self if batched else op.Unsqueeze(self, op.Constant(value_ints=[0]))
+    ph, pw = _ints(padding, 2)
+    image = op.Col2Im(cols, op.Constant(value_ints=list(output_size)), op.Constant(value_ints=_ints(kernel_size, 2)),
+                      dilations=_ints(dilation, 2), pads=[ph, pw, ph, pw], strides=_ints(stride, 2))
+    return image if batched else op.Squeeze(image, op.Constant(value_ints=[0]))
