@@ -280,9 +280,6 @@ ENTRIES: dict[str, Entry] = _table([
     ("nn.functional.embedding_bag", entry(xfail("unsupported", "no lowering for _embedding_bag_backward", kind="bwd"))),
     ("nn.functional.fractional_max_pool2d", entry(xfail("unsupported", "no lowering for fractional_max_pool2d"))),
     ("nn.functional.fractional_max_pool3d", entry(xfail("unsupported", "no lowering for fractional_max_pool3d"))),
-    ("nonzero_static", entry(xfail("unsupported", "no lowering for nonzero_static"))),
-    ("combinations", entry(xfail("unsupported", "no lowering for nonzero_static, which torch 2.14's combinations "
-                                                "is traced through", when=torch_behaviour.combinations_decomposes_to_nonzero_static))),
     # OpInfos of torch releases after the locked one (NEWER_OPINFOS)
     ("linalg.matrix_sqrth", entry(xfail("unsupported", "no lowering for linalg_matrix_sqrth (new in torch 2.14)"))),
     ("linalg.polar", entry(xfail("unsupported", "no lowering for linalg_polar (new in torch 2.14)"))),
@@ -303,8 +300,6 @@ ENTRIES: dict[str, Entry] = _table([
                           "(compile.backend.symbolic_input_views), a LoweringError under this sweep's fallback=False"),
     )),
     # --- ONNX Runtime refuses the model or fails running it.
-    ("nn.functional.pad.replicate_negative", entry(xfail(
-        "ort", "ONNX Runtime's edge Pad rejects the negative pads (\"zero effective input extent\")"))),
     *[(name, entry(xfail("lowering", "ONNX Runtime has no int64 Relu kernel (cumprod's backward takes one of its int64 "
                                      "indices): it runs one in an opset-18 model through the schema's function body, "
                                      "not at a newer opset, and aot2onnx refuses to convert such a node",

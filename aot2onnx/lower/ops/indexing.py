@@ -594,3 +594,16 @@ def aten_index_fill_int_scalar(self, dim: int, index, value: float):
 def aten_index_fill_int_tensor(self, dim: int, index, value):
     """index_fill.int_Tensor(Tensor self, int dim, Tensor index, Tensor value) -> Tensor"""
     return _index_fill(self, dim, index, value)
+
+
+@project_rule(aten.nonzero_static.default)
+def aten_nonzero_static(self, *, size: int, fill_value: int = -1):
+    """nonzero_static(Tensor self, *, SymInt size, int fill_value=-1) -> Tensor"""
+    # nonzero's [k, rank] indices, cut to ``size`` rows or filled up to it with rows of fill_value.
+    rank = len(self.shape)
+    fill = op.Expand(op.Constant(value_int=fill_value), op.Constant(value_ints=[size, rank]))
+    if rank == 0:
+        return fill  # [size, 0]
+    found = op.Transpose(op.NonZero(self), perm=[1, 0])
+    return op.Slice(op.Concat(found, fill, axis=0), op.Constant(value_ints=[0]), op.Constant(value_ints=[size]),
+                    op.Constant(value_ints=[0]))

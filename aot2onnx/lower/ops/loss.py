@@ -53,8 +53,7 @@ if importlib.util.find_spec("torch.nn.modules.linear_cross_entropy") is not None
     _torch_nn_ops = torch.ops.torch_nn
 
 
-def _lce_setup(input, linear_weight, target, weight, reduction: str, ignore_index: int, batch_chunk_size: int,
-               acc_dtype, loss_grad_output=None):
+def _lce_setup(input, linear_weight, target, weight, reduction: str, ignore_index: int, batch_chunk_size: int):
     """The padded, chunked operands: (x [C, B, H], t [C, B], w [C, B], W, compute dtype, N, B, C)."""
     n, h = static_dims(input) or (None, None)
     v = static_dim(linear_weight, 0)
@@ -76,10 +75,8 @@ def _lce_setup(input, linear_weight, target, weight, reduction: str, ignore_inde
     if reduction == "mean":
         d = op.ReduceSum(w, keepdims=0)
         w = op.Div(w, op.Where(op.Equal(d, zero), op.CastLike(op.Constant(value_float=float("nan")), x), op.Neg(d)))
-    elif reduction == "sum" or loss_grad_output is not None:
+    elif reduction == "sum":
         w = op.Neg(w)
-    if loss_grad_output is not None:
-        w = op.Mul(w, cast(loss_grad_output, compute))
     b = max(1, min(batch_chunk_size, n))
     chunks = -(-n // b)
     extra = chunks * b - n
@@ -112,11 +109,11 @@ def _typed(value, dtype):
     return value
 
 
-def _lce_grads(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, batch_chunk_size, acc_dtype,
-               compute_input_grad, compute_linear_weight_grad, compute_linear_bias_grad, loss_grad_output=None):
+def _lce_grads(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, batch_chunk_size,
+               compute_input_grad, compute_linear_weight_grad, compute_linear_bias_grad):
     """(loss, grad_input, grad_linear_weight, grad_linear_bias) as ATen's chunked accumulator's grad loop."""
     x, t, w, lw, compute, n, b, chunks = _lce_setup(
-        input, linear_weight, target, weight, reduction, ignore_index, batch_chunk_size, acc_dtype, loss_grad_output)
+        input, linear_weight, target, weight, reduction, ignore_index, batch_chunk_size)
     v, h = static_dims(linear_weight)
     zeros = lambda shape: _typed(op.CastLike(op.ConstantOfShape(op.Constant(value_ints=shape)), lw), compute)
 
@@ -144,7 +141,6 @@ def _lce_grads(input, linear_weight, target, linear_bias, weight, reduction, ign
         loss = op.CastLike(op.Constant(value_float=float("nan")), lw)
     grad_input = op.Slice(op.Reshape(grad_input, op.Constant(value_ints=[chunks * b, h])),
                           op.Constant(value_ints=[0]), op.Constant(value_ints=[n]), op.Constant(value_ints=[0]))
-    dtype = input.dtype
     empty = lambda rank: op.CastLike(op.ConstantOfShape(op.Constant(value_ints=[0] * rank)), input)
     return (op.CastLike(loss, input),
             op.CastLike(grad_input, input) if compute_input_grad else empty(2),
@@ -166,7 +162,7 @@ if _torch_nn_ops is not None:
             raise NotImplementedError(f"the chunked op takes no label smoothing and reduction mean or sum, got "
                                       f"{label_smoothing=}, {reduction=}")
         return _lce_grads(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
-                          batch_chunk_size, acc_dtype, compute_input_grad, compute_linear_weight_grad,
+                          batch_chunk_size, compute_input_grad, compute_linear_weight_grad,
                           compute_linear_bias_grad)
 
     @project_rule(_torch_nn_ops._linear_cross_entropy_batch_chunked_no_reduction.default)
@@ -177,7 +173,7 @@ if _torch_nn_ops is not None:
         # The per-row loss w[t] * (log(sum(exp(shifted))) - shifted[t]); the backward graph recomputes the
         # chunks itself (AOTAutograd traces the op's backward into ATen ops, one unrolled block per chunk).
         x, t, w, lw, compute, n, b, chunks = _lce_setup(
-            input, linear_weight, target, weight, "none", ignore_index, batch_chunk_size, acc_dtype)
+            input, linear_weight, target, weight, "none", ignore_index, batch_chunk_size)
 
         def body(i, carried):
             _, _, wc, at_target, _, denominator = _lce_chunk(x, t, w, lw, linear_bias, i)
