@@ -264,9 +264,6 @@ ENTRIES: dict[str, Entry] = _table([
                    tol={torch.float32: (1e-4, 1e-4)}))
       for name in ("fft.hfft", "fft.hfft2", "fft.hfftn", "fft.irfft", "fft.irfft2", "fft.irfftn")],
     # --- No lowering yet.
-    *[(name, entry(xfail("unsupported", "no lowering for segment_reduce"))) for name in (
-        "_segment_reduce.lengths", "_segment_reduce.offsets",
-    )],
     ("_upsample_bilinear2d_aa", entry(xfail("unsupported", "no lowering for _upsample_bilinear2d_aa_backward", kind="bwd"))),
     ("grid_sampler_2d", entry(xfail("unsupported", "no lowering for grid_sampler_2d_backward", kind="bwd"))),
     ("nn.functional.grid_sample", entry(xfail("unsupported", "no lowering for grid_sampler_2d_backward", kind="bwd"))),
