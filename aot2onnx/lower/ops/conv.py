@@ -11,7 +11,7 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
-from aot2onnx.lower.ops._common import static_dims
+from aot2onnx.lower.ops._common import rounded_to, static_dims
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -376,15 +376,43 @@ def aten_im2col(self, kernel_size: Sequence[int], dilation: Sequence[int], paddi
     return op.Reshape(blocks, shape)
 
 
+
 @project_rule(aten.col2im.default)
 def aten_col2im(self, output_size: Sequence[int], kernel_size: Sequence[int], dilation: Sequence[int],
                 padding: Sequence[int], stride: Sequence[int]):
     """col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor"""
-    # ONNX's Col2Im takes a batch only: an unbatched [C * kh * kw, L] input (fold's, and unfold's gradient)
-    # gets a batch of one.
+    # ATen adds each column into the image in the order of the kernel offsets (i, j), rounding after each add
+    # in the image's dtype (a 16-bit float too). Here each offset's columns land on distinct positions of the
+    # padded image: one scatter per offset, added in ATen's order, which gives eager's bits. ONNX's Col2Im
+    # has no float64 kernel in ONNX Runtime and sums 16-bit values in another order.
+    h, w = (int(d) for d in output_size)
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (_ints(v, 2) for v in (kernel_size, dilation, padding, stride))
+    hp, wp = h + 2 * ph, w + 2 * pw
+    out_h, out_w = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
     batched = len(self.shape) == 3
     cols = self if batched else op.Unsqueeze(self, op.Constant(value_ints=[0]))
-    ph, pw = _ints(padding, 2)
-    image = op.Col2Im(cols, op.Constant(value_ints=list(output_size)), op.Constant(value_ints=_ints(kernel_size, 2)),
-                      dilations=_ints(dilation, 2), pads=[ph, pw, ph, pw], strides=_ints(stride, 2))
+    half = self.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+    if half:
+        cols = op.Cast(cols, to=ir.DataType.FLOAT)
+    batch = op.Shape(cols, end=1)
+    # [N, C * kh * kw, L] -> [N, C, kh * kw, L]
+    cols = op.Reshape(cols, op.Concat(batch, op.Constant(value_ints=[-1, kh * kw, out_h * out_w]), axis=0))
+    planes = op.Concat(op.Shape(cols, end=2), op.Constant(value_ints=[hp * wp]), axis=0)
+    image = op.CastLike(op.ConstantOfShape(planes), cols)
+    oh, ow = np.meshgrid(np.arange(out_h), np.arange(out_w), indexing="ij")
+    for i in range(kh):
+        for j in range(kw):
+            where = ((oh * sh + i * dh) * wp + ow * sw + j * dw).reshape(1, 1, -1).astype(np.int64)
+            part = op.Squeeze(op.Slice(cols, op.Constant(value_ints=[i * kw + j]), op.Constant(value_ints=[i * kw + j + 1]),
+                                       op.Constant(value_ints=[2])), op.Constant(value_ints=[2]))
+            placed = op.ScatterElements(op.CastLike(op.ConstantOfShape(planes), cols),
+                                        op.Expand(op.Constant(value=ir.tensor(where)), op.Shape(part)), part, axis=2)
+            image = op.Add(image, placed)
+            if half:
+                image = rounded_to(image, self.dtype)
+    image = op.Reshape(image, op.Concat(op.Shape(cols, end=2), op.Constant(value_ints=[hp, wp]), axis=0))
+    image = op.Slice(image, op.Constant(value_ints=[ph, pw]), op.Constant(value_ints=[ph + h, pw + w]),
+                     op.Constant(value_ints=[2, 3]))
+    if half:
+        image = op.Cast(image, to=self.dtype)
     return image if batched else op.Squeeze(image, op.Constant(value_ints=[0]))
