@@ -396,7 +396,8 @@ def aten_col2im(self, output_size: Sequence[int], kernel_size: Sequence[int], di
         cols = op.Cast(cols, to=ir.DataType.FLOAT)
     batch = op.Shape(cols, end=1)
     # [N, C * kh * kw, L] -> [N, C, kh * kw, L]
-    cols = op.Reshape(cols, op.Concat(batch, op.Constant(value_ints=[-1, kh * kw, out_h * out_w]), axis=0))
+    channels = op.Div(op.Shape(cols, start=1, end=2), op.Constant(value_ints=[kh * kw]))  # no -1: a batch may be empty
+    cols = op.Reshape(cols, op.Concat(batch, channels, op.Constant(value_ints=[kh * kw, out_h * out_w]), axis=0))
     planes = op.Concat(op.Shape(cols, end=2), op.Constant(value_ints=[hp * wp]), axis=0)
     image = op.CastLike(op.ConstantOfShape(planes), cols)
     oh, ow = np.meshgrid(np.arange(out_h), np.arange(out_w), indexing="ij")

@@ -121,16 +121,17 @@ def _lce_grads(input, linear_weight, target, linear_bias, weight, reduction, ign
         xc, tc, wc, at_target, exp, denominator = _lce_chunk(x, t, w, lw, linear_bias, i)
         loss = op.Sub(op.Add(loss, op.ReduceSum(op.Mul(wc, at_target), keepdims=0)),
                       op.ReduceSum(op.Mul(wc, op.Log(denominator)), keepdims=0))
-        # softmax * w: w is negative (-1/d), so the bulk terms below are subtracted as ATen does
+        # The logits' gradient: softmax * w less w at the target (w is -1/d for a mean). ATen adds the target
+        # term to each gradient after the softmax term (index_add); here it is folded into the [B, V] chunk, so
+        # each gradient is one product: grad_weight -= g^T x (a Gemm accumulating into the carried value),
+        # grad_input = -g W, grad_bias -= sum(g).
         probs = op.Mul(exp, op.Unsqueeze(op.Div(wc, denominator), op.Constant(value_ints=[1])))
         rows = op.Unsqueeze(tc, op.Constant(value_ints=[1]))
-        grad_bias = op.ScatterND(op.Sub(grad_bias, op.ReduceSum(probs, op.Constant(value_ints=[0]), keepdims=0)),
-                                 rows, wc, reduction="add")
-        weighted_rows = op.Mul(xc, op.Unsqueeze(wc, op.Constant(value_ints=[1])))
-        grad_weight = op.ScatterND(op.Sub(grad_weight, op.MatMul(op.Transpose(probs, perm=[1, 0]), xc)),
-                                   rows, weighted_rows, reduction="add")
-        grad_input = op.Sub(op.Mul(op.Gather(lw, tc, axis=0), op.Unsqueeze(wc, op.Constant(value_ints=[1]))),
-                            op.MatMul(probs, lw))
+        at_rows = op.Sub(op.GatherElements(probs, rows, axis=1), op.Unsqueeze(wc, op.Constant(value_ints=[1])))
+        g = op.ScatterElements(probs, rows, at_rows, axis=1)
+        grad_weight = op.Gemm(g, xc, grad_weight, alpha=-1.0, beta=1.0, transA=1)
+        grad_bias = op.Sub(grad_bias, op.ReduceSum(g, op.Constant(value_ints=[0]), keepdims=0))
+        grad_input = op.Gemm(g, lw, alpha=-1.0)
         return [_typed(loss, compute), _typed(grad_weight, compute), _typed(grad_bias, compute),
                 _typed(grad_input, compute)]
 

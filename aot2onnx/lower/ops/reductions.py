@@ -999,13 +999,16 @@ def _segment_reduce_backward(grad, output, data, reduce: str, lengths, offsets, 
     if reduce == "mean":
         g = op.Div(g, at_positions(op.Expand(_trailing(op.CastLike(lengths, grad), inner), op.Shape(grad))))
     elif reduce in ("max", "min"):
-        # The gradient is shared by the positions equal to the result (a NaN result: its NaNs), as ATen's does.
+        # The positions equal to the result, or NaN, take the gradient. ATen's CPU kernel then divides it by
+        # their count where there are several, but only where it is positive (it tests grad_input > 0): a
+        # negative gradient goes whole to each of the tied positions. That is eager's number, so it is ours.
         result = at_positions(output)
-        chosen = op.Or(op.Equal(data, result), op.And(op.IsNaN(data), op.IsNaN(result)))
+        chosen = op.Or(op.Equal(data, result), op.IsNaN(data))
         held = _trailing(mask, inner)
-        counts = op.ReduceSum(op.Where(op.And(held, op.Unsqueeze(chosen, op.Constant(value_ints=[axis]))),
-                                       like(1.0), like(0.0)), op.Constant(value_ints=[axis + 1]), keepdims=0)
-        g = op.Where(chosen, op.Div(g, at_positions(counts)), like(0.0))
+        counts = at_positions(op.ReduceSum(op.Where(op.And(held, op.Unsqueeze(chosen, op.Constant(value_ints=[axis]))),
+                                                    like(1.0), like(0.0)), op.Constant(value_ints=[axis + 1]), keepdims=0))
+        shared = op.And(op.Greater(counts, like(1.0)), op.Greater(g, like(0.0)))
+        g = op.Where(chosen, op.Where(shared, op.Div(g, counts), g), like(0.0))
     elif reduce == "prod":
         # grad * output / x, except where x is 0 or NaN: there grad times the product of the segment's other
         # values (and initial), as ATen's kernel computes it.
