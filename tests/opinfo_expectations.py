@@ -280,10 +280,6 @@ ENTRIES: dict[str, Entry] = _table([
     # OpInfos of torch releases after the locked one (NEWER_OPINFOS)
     ("linalg.matrix_sqrth", entry(xfail("unsupported", "no lowering for linalg_matrix_sqrth (new in torch 2.14)"))),
     ("linalg.polar", entry(xfail("unsupported", "no lowering for linalg_polar (new in torch 2.14)"))),
-    ("torch.ops.aten._scaled_dot_product_flash_attention_for_cpu", entry(xfail(
-        "ort", "torch_lib's rule returns a logsumexp of another shape ([4, 3, 32] for [4, 4, 3]) where the query is "
-               "shorter than the key (this OpInfo's sample, new in torch 2.14; the same call fails on torch 2.13); "
-               "SDPA itself is traced through its math formulation and does not reach it"))),
     *[(name, entry(xfail("dynamo", "torch 2.11's Dynamo stops at quantile (\"Data dependent operator\"); torch "
                                    "2.12 on traces it", when=lambda: not torch_behaviour.dynamo_traces_quantile())))
       for name in ("quantile", "nanquantile")],
@@ -306,5 +302,5 @@ ENTRIES: dict[str, Entry] = _table([
 
 # Entries for OpInfos that only torch releases after requirements.lock's have (test_expectations_name_opinfos).
 NEWER_OPINFOS = frozenset({
-    "linalg.matrix_sqrth", "linalg.polar", "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
+    "linalg.matrix_sqrth", "linalg.polar",
 })

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import aot2onnx
+import aot2onnx  # noqa: F401  (the "aot2onnx" backend)
 
 _translate = importlib.import_module("aot2onnx.lower.translate")
 _backend = importlib.import_module("aot2onnx.compile.backend")
@@ -175,3 +175,30 @@ def test_segment_reduce_with_ties_zeros_and_empty_segments(reduce, initial):
     actual, actual_grads = _grads(_compiled(fn), [data])
     torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0, equal_nan=True)
     torch.testing.assert_close(actual_grads, expected_grads, rtol=1e-6, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize(("length", "keys", "causal", "mask"), [
+    (3, 4, False, False), (4, 3, False, False),  # a query shorter and longer than the key
+    (5, 5, True, False), (6, 4, True, False),
+    (4, 6, False, True),  # a float mask with a row of -inf: the kernel's output and logsumexp are 0 there
+])
+def test_fused_cpu_attention_and_its_logsumexp(dtype, length, keys, causal, mask):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g).to(dtype) for n in (length, keys, keys))
+    attn_mask = None
+    if mask:
+        attn_mask = torch.randn(2, 1, length, keys, generator=g).to(dtype)
+        attn_mask[0, 0, 1] = float("-inf")
+    fn = lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=causal,
+                                                                                    attn_mask=attn_mask)
+
+    def run(f):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        out, logsumexp = f(*leaves)
+        cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+        return out.detach(), logsumexp.detach(), torch.autograd.grad(out, leaves, cot)
+
+    expected, actual = run(fn), run(_compiled(fn))
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-14}
+    torch.testing.assert_close(actual, expected, **tol)
