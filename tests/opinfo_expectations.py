@@ -274,7 +274,6 @@ ENTRIES: dict[str, Entry] = _table([
     ("igammac", entry(xfail("unsupported", "no lowering for the incomplete gamma function"))),
     *[(name, entry(xfail("unsupported", "no lowering for the LDL factorization (LAPACK's Bunch-Kaufman pivoting)")))
       for name in ("linalg.ldl_factor", "linalg.ldl_factor_ex", "linalg.ldl_solve")],
-    ("nn.functional.embedding_bag", entry(xfail("unsupported", "no lowering for _embedding_bag_backward", kind="bwd"))),
     ("nn.functional.fractional_max_pool2d", entry(xfail("unsupported", "no lowering for fractional_max_pool2d"))),
     ("nn.functional.fractional_max_pool3d", entry(xfail("unsupported", "no lowering for fractional_max_pool3d"))),
     # OpInfos of torch releases after the locked one (NEWER_OPINFOS)

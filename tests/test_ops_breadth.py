@@ -202,3 +202,29 @@ def test_fused_cpu_attention_and_its_logsumexp(dtype, length, keys, causal, mask
     expected, actual = run(fn), run(_compiled(fn))
     tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-14}
     torch.testing.assert_close(actual, expected, **tol)
+
+
+@pytest.mark.parametrize(("mode", "kwargs"), [
+    ("sum", {}),
+    ("sum", {"per_sample_weights": True, "padding_idx": 2}),
+    ("sum", {"include_last_offset": True}),
+    ("mean", {"padding_idx": 2, "scale_grad_by_freq": True}),
+    ("max", {}),
+])
+def test_embedding_bag_backward(mode, kwargs):
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    indices = torch.tensor([2, 0, 2, 5, 1, 2, 3, 3])
+    offsets = torch.tensor([0, 3, 3, 6])  # an empty bag
+    kwargs = dict(kwargs)
+    inputs = [weight]
+    if kwargs.pop("per_sample_weights", False):
+        inputs.append(torch.rand(len(indices), generator=g, dtype=torch.float64))
+
+    def fn(weight, *psw):
+        return F.embedding_bag(indices, weight, offsets, mode=mode, per_sample_weights=psw[0] if psw else None, **kwargs)
+
+    expected, expected_grads = _grads(fn, inputs)
+    actual, actual_grads = _grads(_compiled(fn), inputs)
+    torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(actual_grads, expected_grads, rtol=1e-12, atol=1e-14)
