@@ -21,7 +21,8 @@ from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 from onnxscript.function_libs.torch_lib.ops import linalg as torchlib_linalg
 from onnxscript.function_libs.torch_lib.ops import prims as torchlib_prims
 
-from aot2onnx.lower.ops._common import cast, float64_constant, linspace, opmath
+from aot2onnx.lower.ops._common import cast, float64_constant, linspace, opmath, rounded_to
+from aot2onnx.lower.ops._control import loop
 from aot2onnx.lower.registry import project_rule
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -945,7 +946,7 @@ def _trailing(x, count: int):
     return op.Unsqueeze(x, op.Constant(value_ints=list(range(-count, 0))))
 
 
-def _segment_reduce(data, reduce: str, lengths, offsets, axis: int, initial):
+def _segment_reduce(data, reduce: str, lengths, offsets, axis: int, initial, rounding):
     rank = len(data.shape)
     axis %= rank
     inner = rank - axis - 1
@@ -954,18 +955,34 @@ def _segment_reduce(data, reduce: str, lengths, offsets, axis: int, initial):
     x = op.Unsqueeze(data, op.Constant(value_ints=[axis]))  # [outer..., 1, D, inner...]
     over = op.Constant(value_ints=[axis + 1])
     like = lambda value: op.CastLike(op.Constant(value_float=float(value)), data)
-    if reduce in ("sum", "mean"):
-        result = op.ReduceSum(op.Where(held, x, like(0.0)), over, keepdims=0)
-        if initial is not None:
-            result = op.Add(result, like(initial))
+    if reduce in ("sum", "mean", "prod"):
+        # ATen's kernel adds (multiplies) each segment's values in order onto initial, rounding every step in
+        # the data's dtype: one Loop over the D positions, each adding its value to the segments holding it.
+        combine = op.Mul if reduce == "prod" else op.Add
+        start = like((1.0 if reduce == "prod" else 0.0) if initial is None else initial)
+        acc = op.Expand(start, op.Concat(op.Shape(lengths), op.Shape(data, start=axis + 1), axis=0))
+        acc.dtype = data.dtype
+
+        def step(i, acc):
+            value = op.Unsqueeze(op.Gather(data, i, axis=axis), op.Constant(value_ints=[axis]))
+            held_here = _trailing(op.Gather(mask, i, axis=-1), inner)
+            updated = combine(acc, value)
+            if rounding is not None:
+                updated = rounded_to(updated, rounding)
+            result = op.Where(held_here, updated, acc)
+            result.dtype = data.dtype
+            return [result]
+
+        size = op.Squeeze(op.Shape(data, start=axis, end=axis + 1), op.Constant(value_ints=[0]))
+        (result,) = loop(size, [acc], step, iteration=True)
         if reduce == "mean":
             count = _trailing(op.CastLike(lengths, data), inner)
             empty = like(float("nan") if initial is None else initial)
-            result = op.Where(op.Greater(count, like(0.0)), op.Div(result, count), empty)
+            mean = op.Div(result, count)
+            if rounding is not None:
+                mean = rounded_to(mean, rounding)
+            result = op.Where(op.Greater(count, like(0.0)), mean, empty)
         return result
-    if reduce == "prod":
-        result = op.ReduceProd(op.Where(held, x, like(1.0)), over, keepdims=0)
-        return result if initial is None else op.Mul(result, like(initial))
     if reduce not in ("max", "min"):
         raise NotImplementedError(f"segment_reduce: no reduction {reduce!r}")
     if initial is not None and math.isnan(initial):
@@ -980,7 +997,7 @@ def _segment_reduce(data, reduce: str, lengths, offsets, axis: int, initial):
     return op.Where(op.Cast(has_nan, to=ir.DataType.BOOL), like(float("nan")), result)
 
 
-def _segment_reduce_backward(grad, output, data, reduce: str, lengths, offsets, axis: int, initial):
+def _segment_reduce_backward(grad, output, data, reduce: str, lengths, offsets, axis: int, initial, rounding):
     rank = len(data.shape)
     axis %= rank
     inner = rank - axis - 1
@@ -1025,7 +1042,8 @@ def _segment_reduce_backward(grad, output, data, reduce: str, lengths, offsets, 
                                   op.Constant(value_ints=[axis]), keepdims=0)
         if initial is not None:
             exclusive = op.Mul(exclusive, like(initial))
-        g = op.Where(plain, op.Mul(g, exclusive), op.Div(op.Mul(g, result), data))
+        rounded = (lambda v: v) if rounding is None else (lambda v: rounded_to(v, rounding))  # ATen's 16-bit steps
+        g = op.Where(plain, rounded(op.Mul(g, exclusive)), rounded(op.Div(rounded(op.Mul(g, result)), data)))
     elif reduce != "sum":
         raise NotImplementedError(f"segment_reduce backward: no reduction {reduce!r}")
     return op.Where(covered, g, like(0.0))
@@ -1037,13 +1055,15 @@ def aten_segment_reduce(data, reduce: str, *, lengths=None, indices=None, offset
     """segment_reduce(Tensor data, str reduce, *, Tensor? lengths=None, Tensor? indices=None, Tensor? offsets=None, int axis=0, bool unsafe=False, Scalar? initial=None) -> Tensor"""
     if indices is not None or (lengths is None) == (offsets is None):
         raise NotImplementedError("segment_reduce takes lengths or offsets (ATen does not implement indices)")
-    return opmath(lambda d: _segment_reduce(d, reduce, lengths, offsets, axis, initial), data)
+    rounding = data.dtype if data.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) else None  # computed in float32
+    return opmath(lambda d: _segment_reduce(d, reduce, lengths, offsets, axis, initial, rounding), data)
 
 
 @project_rule(aten._segment_reduce_backward.default)
 def aten__segment_reduce_backward(grad, output, data, reduce: str, *, lengths=None, offsets=None, axis: int = 0,
                                   initial=None):
     """_segment_reduce_backward(Tensor grad, Tensor output, Tensor data, str reduce, *, Tensor? lengths=None, Tensor? offsets=None, int axis=0, Scalar? initial=None) -> Tensor"""
-    return opmath(lambda g, o, d: _segment_reduce_backward(g, o, d, reduce, lengths, offsets, axis, initial),
-                      grad, output, data)
+    rounding = data.dtype if data.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) else None  # computed in float32
+    return opmath(lambda g, o, d: _segment_reduce_backward(g, o, d, reduce, lengths, offsets, axis, initial, rounding),
+                  grad, output, data)
 
