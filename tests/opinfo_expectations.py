@@ -292,6 +292,9 @@ ENTRIES: dict[str, Entry] = _table([
                           "(compile.backend.symbolic_input_views), a LoweringError under this sweep's fallback=False"),
     )),
     # --- ONNX Runtime refuses the model or fails running it.
+    ("nn.functional.pad.replicate_negative", entry(xfail(
+        "mismatch", "16-bit replication_pad backward: the copies of an edge are summed in another order and rounding "
+                    "than ATen's, which rounds after each add (float32 and float64 pass)", kind="bwd", dtypes=(torch.float16, torch.bfloat16)))),
     *[(name, entry(xfail("lowering", "ONNX Runtime has no int64 Relu kernel (cumprod's backward takes one of its int64 "
                                      "indices): it runs one in an opset-18 model through the schema's function body, "
                                      "not at a newer opset, and aot2onnx refuses to convert such a node",

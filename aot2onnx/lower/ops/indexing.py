@@ -604,7 +604,9 @@ def aten_nonzero_static(self, *, size: int, fill_value: int = -1):
     fill = op.Expand(op.Constant(value_int=fill_value), op.Constant(value_ints=[size, rank]))
     if rank == 0:
         return fill  # [size, 0]
-    found = op.Transpose(op.NonZero(self), perm=[1, 0])
+    # NonZero of a bool (ONNX Runtime has no float64 NonZero kernel); a NaN is nonzero, as in ATen
+    held = self if self.dtype == ir.DataType.BOOL else op.Not(op.Equal(self, op.CastLike(op.Constant(value_int=0), self)))
+    found = op.Transpose(op.NonZero(held), perm=[1, 0])
     return op.Slice(op.Concat(found, fill, axis=0), op.Constant(value_ints=[0]), op.Constant(value_ints=[size]),
                     op.Constant(value_ints=[0]))
 
