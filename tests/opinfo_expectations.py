@@ -225,9 +225,12 @@ ENTRIES: dict[str, Entry] = _table([
     ("msort", entry(xfail("mismatch", "ties: eager's unstable sort puts equal values in another order than ours "
                           "(stable), so their gradients land on other elements", kind="bwd",
                           dtypes=(torch.float16, torch.bfloat16)))),
-    *[(name, entry(wrangle=_without_ignored_options)) for name in (
-        "nn.functional.linear_cross_entropy.chunked", "nn.functional.linear_cross_entropy.chunked_none",
-    )],
+    ("nn.functional.linear_cross_entropy.chunked", entry(
+        xfail("mismatch", "16-bit inputs: ATen's chunked op (acc_policy 'compact') rounds the logits' gradient and "
+                          "accumulates the weight gradient in the input's dtype chunk by chunk; the lowering "
+                          "accumulates in float32 and rounds once", kind="bwd", dtypes=(torch.float16, torch.bfloat16)),
+        wrangle=_without_ignored_options)),
+    ("nn.functional.linear_cross_entropy.chunked_none", entry(wrangle=_without_ignored_options)),
     # --- Ops whose values ATen leaves unspecified.
     *[(name, entry(values=False)) for name in (
         "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
