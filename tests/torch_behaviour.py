@@ -24,7 +24,6 @@ __all__ = [
     "cumprod_backward_takes_an_int64_relu",
     "dynamo_traces_quantile",
     "gelu_overflows",
-    "combinations_decomposes_to_nonzero_static",
     "on_locked_torch",
     "torch_before",
 ]
@@ -106,10 +105,3 @@ def aot_autograd_recompiles_for_new_floats() -> bool:
         compiled(torch.full((3, 2), value)).sum().backward()
     torch._dynamo.reset()
     return counters["stats"]["unique_graphs"] - before > 3  # the graph before the break, the one after it twice
-
-
-@functools.cache
-def combinations_decomposes_to_nonzero_static() -> bool:
-    """torch.combinations traced through nonzero_static (torch 2.14), which aot2onnx has no lowering for."""
-    graph = make_fx(lambda x: torch.combinations(x, 2), tracing_mode="fake")(torch.ones(4)).graph
-    return any(n.op == "call_function" and str(n.target) == "aten.nonzero_static.default" for n in graph.nodes)

@@ -593,9 +593,7 @@ _FALLBACK_PAIRS: list[tuple[str, frozenset[str]]] = [
     ("gru_lm", frozenset()),
     ("bilstm_tagger", frozenset()),
     ("bilstm_on_features", frozenset()),
-    # No lowering for EmbeddingBag's backward; PyTorch's kernel reads the forward's offset2bag, bag_size and
-    # max_indices, computed on ONNX Runtime
-    ("dlrm", frozenset({"aten._embedding_bag_backward.default"})),
+    ("dlrm", frozenset()),
 ]
 FALLBACKS: dict[str, frozenset[str]] = dict(_FALLBACK_PAIRS)
 assert len(FALLBACKS) == len(_FALLBACK_PAIRS), "FALLBACKS names a member twice"

@@ -11,7 +11,7 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
-from aot2onnx.lower.ops._common import static_dims
+from aot2onnx.lower.ops._common import rounded_to, static_dims
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -346,3 +346,74 @@ def aten_convolution_backward(
         axes = op.Constant(value_ints=[0, *range(2, 2 + spatial)])
         grad_bias = op.ReduceSum(grad_output, axes, keepdims=0)
     return grad_input, grad_weight, grad_bias
+
+
+@project_rule(aten.im2col.default)
+def aten_im2col(self, kernel_size: Sequence[int], dilation: Sequence[int], padding: Sequence[int], stride: Sequence[int]):
+    """im2col(Tensor self, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor"""
+    # out[..., (c, i, j), (oh, ow)] = padded[..., c, oh * sh + i * dh, ow * sw + j * dw]: two Gathers with
+    # [k, out] index grids. torch_lib's rule reshapes with a -1 beside the batch, which ONNX Runtime refuses
+    # for an empty batch; here every size of the result comes from the input's shape or is static.
+    h, w = list(self.shape)[-2:]
+    if not (isinstance(h, int) and isinstance(w, int)):
+        raise NotImplementedError("im2col needs static spatial sizes")
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (_ints(v, 2) for v in (kernel_size, dilation, padding, stride))
+    out_h, out_w = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    rank = len(self.shape)
+    padded = self
+    if ph or pw:
+        pads = [0] * (rank - 2) + [ph, pw] + [0] * (rank - 2) + [ph, pw]
+        padded = op.Pad(self, op.Constant(value_ints=pads), op.CastLike(0.0, self))
+    rows = np.arange(kh)[:, None] * dh + np.arange(out_h)[None, :] * sh
+    cols = np.arange(kw)[:, None] * dw + np.arange(out_w)[None, :] * sw
+    blocks = op.Gather(padded, op.Constant(value=ir.tensor(rows.astype(np.int64))), axis=rank - 2)  # [.., C, kh, oh, W]
+    blocks = op.Gather(blocks, op.Constant(value=ir.tensor(cols.astype(np.int64))), axis=rank)  # [.., C, kh, oh, kw, ow]
+    lead = list(range(rank - 2))
+    blocks = op.Transpose(blocks, perm=[*lead, rank - 2, rank, rank - 1, rank + 1])  # [.., C, kh, kw, oh, ow]
+    channels = op.Shape(self, start=rank - 3, end=rank - 2)
+    shape = op.Concat(op.Shape(self, end=rank - 3), op.Mul(channels, op.Constant(value_ints=[kh * kw])),
+                      op.Constant(value_ints=[out_h * out_w]), axis=0)
+    return op.Reshape(blocks, shape)
+
+
+
+@project_rule(aten.col2im.default)
+def aten_col2im(self, output_size: Sequence[int], kernel_size: Sequence[int], dilation: Sequence[int],
+                padding: Sequence[int], stride: Sequence[int]):
+    """col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor"""
+    # ATen adds each column into the image in the order of the kernel offsets (i, j), rounding after each add
+    # in the image's dtype (a 16-bit float too). Here each offset's columns land on distinct positions of the
+    # padded image: one scatter per offset, added in ATen's order, which gives eager's bits. ONNX's Col2Im
+    # has no float64 kernel in ONNX Runtime and sums 16-bit values in another order.
+    h, w = (int(d) for d in output_size)
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (_ints(v, 2) for v in (kernel_size, dilation, padding, stride))
+    hp, wp = h + 2 * ph, w + 2 * pw
+    out_h, out_w = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    batched = len(self.shape) == 3
+    cols = self if batched else op.Unsqueeze(self, op.Constant(value_ints=[0]))
+    half = self.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+    if half:
+        cols = op.Cast(cols, to=ir.DataType.FLOAT)
+    batch = op.Shape(cols, end=1)
+    # [N, C * kh * kw, L] -> [N, C, kh * kw, L]
+    channels = op.Div(op.Shape(cols, start=1, end=2), op.Constant(value_ints=[kh * kw]))  # no -1: a batch may be empty
+    cols = op.Reshape(cols, op.Concat(batch, channels, op.Constant(value_ints=[kh * kw, out_h * out_w]), axis=0))
+    planes = op.Concat(op.Shape(cols, end=2), op.Constant(value_ints=[hp * wp]), axis=0)
+    image = op.CastLike(op.ConstantOfShape(planes), cols)
+    oh, ow = np.meshgrid(np.arange(out_h), np.arange(out_w), indexing="ij")
+    for i in range(kh):
+        for j in range(kw):
+            where = ((oh * sh + i * dh) * wp + ow * sw + j * dw).reshape(1, 1, -1).astype(np.int64)
+            part = op.Squeeze(op.Slice(cols, op.Constant(value_ints=[i * kw + j]), op.Constant(value_ints=[i * kw + j + 1]),
+                                       op.Constant(value_ints=[2])), op.Constant(value_ints=[2]))
+            placed = op.ScatterElements(op.CastLike(op.ConstantOfShape(planes), cols),
+                                        op.Expand(op.Constant(value=ir.tensor(where)), op.Shape(part)), part, axis=2)
+            image = op.Add(image, placed)
+            if half:
+                image = rounded_to(image, self.dtype)
+    image = op.Reshape(image, op.Concat(op.Shape(cols, end=2), op.Constant(value_ints=[hp, wp]), axis=0))
+    image = op.Slice(image, op.Constant(value_ints=[ph, pw]), op.Constant(value_ints=[ph + h, pw + w]),
+                     op.Constant(value_ints=[2, 3]))
+    if half:
+        image = op.Cast(image, to=self.dtype)
+    return image if batched else op.Squeeze(image, op.Constant(value_ints=[0]))

@@ -9,7 +9,7 @@ from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
 from aot2onnx.lower.checks import CHECK_NEGATIVE_INDEX, runtime_check
-from aot2onnx.lower.ops._common import FLOATS, cast, flat
+from aot2onnx.lower.ops._common import FLOATS, cast, flat, static_dim
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -594,3 +594,96 @@ def aten_index_fill_int_scalar(self, dim: int, index, value: float):
 def aten_index_fill_int_tensor(self, dim: int, index, value):
     """index_fill.int_Tensor(Tensor self, int dim, Tensor index, Tensor value) -> Tensor"""
     return _index_fill(self, dim, index, value)
+
+
+@project_rule(aten.nonzero_static.default)
+def aten_nonzero_static(self, *, size: int, fill_value: int = -1):
+    """nonzero_static(Tensor self, *, SymInt size, int fill_value=-1) -> Tensor"""
+    # nonzero's [k, rank] indices, cut to ``size`` rows or filled up to it with rows of fill_value.
+    rank = len(self.shape)
+    fill = op.Expand(op.Constant(value_int=fill_value), op.Constant(value_ints=[size, rank]))
+    if rank == 0:
+        return fill  # [size, 0]
+    # NonZero of a bool (ONNX Runtime has no float64 NonZero kernel); a NaN is nonzero, as in ATen
+    held = self if self.dtype == ir.DataType.BOOL else op.Not(op.Equal(self, op.CastLike(op.Constant(value_int=0), self)))
+    found = op.Transpose(op.NonZero(held), perm=[1, 0])
+    return op.Slice(op.Concat(found, fill, axis=0), op.Constant(value_ints=[0]), op.Constant(value_ints=[size]),
+                    op.Constant(value_ints=[0]))
+
+
+# --- embedding_bag's backward (dense).
+
+
+def _offset2bag(indices, offsets, offset2bag):
+    """Each index's bag: the forward's offset2bag, or (ATen's fast path for sums leaves it empty) made from the
+    offsets as the forward makes it. A last offset equal to the number of indices (include_last_offset) marks
+    the extra slot, which is dropped."""
+    if static_dim(offset2bag, 0) != 0 or static_dim(indices, 0) == 0:
+        return op.Cast(offset2bag, to=ir.DataType.INT64)
+    zero, one = op.Constant(value_ints=[0]), op.Constant(value_ints=[1])
+    n, starts = op.Shape(indices), op.Cast(offsets, to=ir.DataType.INT64)
+    marks = op.ScatterElements(op.Expand(zero, op.Add(n, one)), starts, op.Expand(one, op.Shape(starts)), reduction="add")
+    return op.Sub(op.CumSum(op.Slice(marks, zero, n), op.Constant(value_int=0)), one)
+
+
+@project_rule(aten._embedding_bag_backward.default)
+def aten__embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights: int,
+                                 scale_grad_by_freq: bool, mode: int, sparse: bool, per_sample_weights,
+                                 padding_idx: int = -1):
+    """_embedding_bag_backward(Tensor grad, Tensor indices, Tensor offsets, Tensor offset2bag, Tensor bag_size, Tensor maximum_indices, SymInt num_weights, bool scale_grad_by_freq, int mode, bool sparse, Tensor? per_sample_weights, int padding_idx=-1) -> Tensor"""
+    if sparse:
+        raise NotImplementedError("embedding_bag with sparse=True (a sparse gradient)")
+    one = op.Constant(value_ints=[1])
+    rows = op.Concat(op.Constant(value_ints=[num_weights]), op.Shape(grad, start=1), axis=0)
+    zeros = op.CastLike(op.ConstantOfShape(rows), grad)
+    if mode == _MAX:
+        # Each column's gradient goes to the row its maximum came from; empty bags give nothing (ATen skips
+        # them), here by adding 0 to row 0.
+        nonempty = op.Unsqueeze(op.Greater(op.Cast(bag_size, to=ir.DataType.INT64), op.Constant(value_int=0)), one)
+        where = op.Where(nonempty, op.Cast(maximum_indices, to=ir.DataType.INT64), op.Constant(value_int=0))
+        updates = op.Where(nonempty, grad, op.CastLike(op.Constant(value_float=0.0), grad))
+        return op.ScatterElements(zeros, where, updates, axis=0, reduction="add")
+    index = op.Cast(indices, to=ir.DataType.INT64)
+    bag = _offset2bag(indices, offsets, offset2bag)
+    updates = op.Gather(grad, bag, axis=0)  # [n, D]: each index's bag's gradient
+    scale = None
+    if per_sample_weights is not None:
+        scale = op.CastLike(per_sample_weights, grad)
+    if mode == _MEAN:
+        size = op.CastLike(op.Gather(op.Cast(bag_size, to=ir.DataType.INT64), bag, axis=0), grad)
+        scale = op.Reciprocal(size) if scale is None else op.Div(scale, size)
+    if scale_grad_by_freq:
+        # ATen's CPU kernel walks the distinct indices in sorted order and divides the k-th distinct index's
+        # gradient by counts[sorted[k]], the count of the k-th element of the sorted indices (where the k-th
+        # group's first element was meant): right up to the first repeated index, another index's count after
+        # it. Those are eager's numbers, so they are ours.
+        counts = op.ScatterElements(op.Expand(op.Constant(value_int=0), op.Constant(value_ints=[num_weights])), index,
+                                    op.Expand(op.Constant(value_int=1), op.Shape(index)), reduction="add")
+        distinct_before = op.CumSum(op.Cast(op.Greater(counts, op.Constant(value_int=0)), to=ir.DataType.INT64),
+                                    op.Constant(value_int=0), exclusive=1)
+        ascending, _ = op.TopK(index, op.Shape(index), largest=0, sorted=1)
+        group_start = op.Gather(ascending, op.Gather(distinct_before, index, axis=0), axis=0)
+        frequency = op.CastLike(op.Gather(counts, group_start, axis=0), grad)
+        scale = op.Reciprocal(frequency) if scale is None else op.Div(scale, frequency)
+    if scale is not None:
+        updates = op.Mul(updates, op.Unsqueeze(scale, one))
+    if padding_idx >= 0:
+        updates = op.Where(op.Unsqueeze(op.Equal(index, op.Constant(value_int=padding_idx)), one),
+                           op.CastLike(op.Constant(value_float=0.0), grad), updates)
+    return op.ScatterND(zeros, op.Unsqueeze(index, one), updates, reduction="add")
+
+
+@project_rule(aten._embedding_bag_per_sample_weights_backward.default)
+def aten__embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode: int,
+                                                    padding_idx: int = -1):
+    """_embedding_bag_per_sample_weights_backward(Tensor grad, Tensor weight, Tensor indices, Tensor offsets, Tensor offset2bag, int mode, int padding_idx=-1) -> Tensor"""
+    # The gradient of index i's weight: its row of the table dotted with its bag's gradient (0 at padding_idx).
+    if mode != _SUM:
+        raise NotImplementedError("per_sample_weights are for mode='sum' only")
+    index = op.Cast(indices, to=ir.DataType.INT64)
+    bag = _offset2bag(indices, offsets, offset2bag)
+    dots = op.ReduceSum(op.Mul(op.Gather(grad, bag, axis=0), op.Gather(op.CastLike(weight, grad), index, axis=0)),
+                        op.Constant(value_ints=[1]), keepdims=0)
+    if padding_idx >= 0:
+        dots = op.Where(op.Equal(index, op.Constant(value_int=padding_idx)), op.CastLike(op.Constant(value_float=0.0), grad), dots)
+    return dots

@@ -8,11 +8,14 @@ computes. A matrix-matrix product with a one-column right operand is fused corre
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
-from aot2onnx.lower.ops._common import fma, rounded_to
+from aot2onnx.lower.ops._common import cast, fma, rounded_to
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -131,3 +134,87 @@ def aten_baddbmm(self, batch1, batch2, beta: float = 1.0, alpha: float = 1.0):
         self, batch1, batch2 = (op.Cast(v, to=ir.DataType.FLOAT) for v in (self, batch1, batch2))
     result = _beta_self_plus_alpha(self, op.MatMul(batch1, batch2), beta, alpha)
     return op.Cast(result, to=dtype) if half else result
+
+
+# --- The fused CPU attention kernel, where a graph calls it directly (SDPA itself is traced through its math
+# formulation and does not reach it). torch_lib's rule returned zeros of another shape for the logsumexp, which
+# the backward reads. Computed here in float32 for 16-bit inputs, as the kernel accumulates; the logsumexp
+# stays in that type, as ATen returns it.
+
+
+def _attention_scores(query, key, is_causal: bool, attn_mask, scale):
+    """(scores [B, H, L, S] with the mask applied, the scale)."""
+    size = query.shape[-1] if query.shape is not None else None
+    if scale is None and not isinstance(size, int):
+        raise NotImplementedError("the fused attention needs a static head size (or a scale)")
+    scale = 1.0 / math.sqrt(size) if scale is None else scale
+    scores = op.Mul(op.MatMul(query, op.Transpose(key, perm=[0, 1, 3, 2])), op.CastLike(op.Constant(value_float=scale), query))
+    minus_inf = op.CastLike(op.Constant(value_float=float("-inf")), query)
+    if is_causal:  # top-left aligned: query i sees keys 0..i
+        length, keys = query.shape[-2], key.shape[-2]
+        if not (isinstance(length, int) and isinstance(keys, int)):
+            raise NotImplementedError("causal fused attention needs static sequence lengths")
+        visible = np.tril(np.ones((length, keys), dtype=bool))
+        scores = op.Where(op.Constant(value=ir.tensor(visible)), scores, minus_inf)
+    if attn_mask is not None:
+        scores = (op.Where(attn_mask, scores, minus_inf) if attn_mask.dtype == ir.DataType.BOOL
+                  else op.Add(scores, op.CastLike(attn_mask, scores)))
+    return scores, scale
+
+
+def _flash_attention(query, key, value, is_causal, attn_mask, scale):
+    scores, _ = _attention_scores(query, key, is_causal, attn_mask, scale)
+    last = op.Constant(value_ints=[-1])
+    peak = op.ReduceMax(scores, last, keepdims=1)
+    # A row whose every key is masked: the kernel's output is 0 there and its logsumexp 0 (seen on torch 2.13).
+    masked = op.Equal(peak, op.CastLike(op.Constant(value_float=float("-inf")), peak))
+    zero = op.CastLike(op.Constant(value_float=0.0), peak)
+    peak = op.Where(masked, zero, peak)
+    weights = op.Exp(op.Sub(scores, peak))
+    total = op.ReduceSum(weights, last, keepdims=1)
+    out = op.Where(masked, zero, op.Div(op.MatMul(weights, value), total))
+    logsumexp = op.Squeeze(op.Where(masked, zero, op.Add(peak, op.Log(total))), last)
+    return out, logsumexp
+
+
+def _compute_type(x):
+    return ir.DataType.FLOAT if x.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) else x.dtype
+
+
+@project_rule(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def aten__scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p: float = 0.0, is_causal: bool = False,
+                                                     *, attn_mask=None, scale=None):
+    """_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)"""
+    if dropout_p != 0.0:
+        raise NotImplementedError("the fused CPU attention kernel with dropout (its mask comes from torch's generator)")
+    compute = _compute_type(query)
+    q, k, v = (cast(x, compute) for x in (query, key, value))
+    out, logsumexp = _flash_attention(q, k, v, is_causal, attn_mask, scale)
+    return op.CastLike(out, query), logsumexp
+
+
+@project_rule(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def aten__scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumexp,
+                                                              dropout_p: float, is_causal: bool, *, attn_mask=None,
+                                                              scale=None):
+    """_scaled_dot_product_flash_attention_for_cpu_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor logsumexp, float dropout_p, bool is_causal, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)"""
+    # P = exp(S - logsumexp) (0 on masked keys and rows); dV = P^T dO; dS = P * (dO V^T - rowsum(dO * O));
+    # dQ = scale * dS K; dK = scale * dS^T Q.
+    if dropout_p != 0.0:
+        raise NotImplementedError("the fused CPU attention kernel's backward with dropout")
+    compute = _compute_type(query)
+    g, q, k, v, o = (cast(x, compute) for x in (grad_out, query, key, value, out))
+    scores, scale = _attention_scores(q, k, is_causal, attn_mask, scale)
+    last = op.Constant(value_ints=[-1])
+    lse = op.Unsqueeze(op.Cast(logsumexp, to=compute), last)
+    peak = op.ReduceMax(scores, last, keepdims=1)
+    masked = op.Equal(peak, op.CastLike(op.Constant(value_float=float("-inf")), peak))
+    probs = op.Where(masked, op.CastLike(op.Constant(value_float=0.0), peak), op.Exp(op.Sub(scores, lse)))
+    swap = [0, 1, 3, 2]
+    grad_value = op.MatMul(op.Transpose(probs, perm=swap), g)
+    row = op.ReduceSum(op.Mul(g, o), last, keepdims=1)
+    grad_scores = op.Mul(probs, op.Sub(op.MatMul(g, op.Transpose(v, perm=swap)), row))
+    factor = op.CastLike(op.Constant(value_float=scale), q)
+    grad_query = op.Mul(op.MatMul(grad_scores, k), factor)
+    grad_key = op.Mul(op.MatMul(op.Transpose(grad_scores, perm=swap), q), factor)
+    return op.CastLike(grad_query, query), op.CastLike(grad_key, key), op.CastLike(grad_value, value)

@@ -1,11 +1,14 @@
-"""Padding backward: replication padding (negative pads crop)."""
+"""Replication padding (negative pads crop): the forward where a pad is negative, and the backward."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
+from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
 
 from aot2onnx.lower.registry import project_rule
 
@@ -85,3 +88,40 @@ def aten_replication_pad2d_backward(grad_output, self, padding: Sequence[int]):
 def aten_replication_pad3d_backward(grad_output, self, padding: Sequence[int]):
     """replication_pad3d_backward(Tensor grad_output, Tensor self, SymInt[6] padding) -> Tensor"""
     return _replication_pad_backward(grad_output, self, padding)
+
+
+def _replication_pad(self, padding: Sequence[int], torchlib_rule):
+    # ONNX Runtime's edge Pad crops first and refuses a dim cropped to nothing ("zero effective input
+    # extent"), where ATen still copies the nearest input element. With a negative pad, each spatial dim is
+    # a Gather of clamp(o - left, 0, n - 1), ATen's definition; otherwise torch_lib's edge Pad is right.
+    if all(p >= 0 for p in padding):
+        return torchlib_rule(self, padding)
+    spatial = len(padding) // 2
+    sizes = list(self.shape[-spatial:])
+    if not all(isinstance(d, int) for d in sizes):
+        raise NotImplementedError("replication_pad with a negative pad needs static spatial sizes")
+    result = self
+    for i in range(spatial):
+        left, right = padding[2 * (spatial - 1 - i)], padding[2 * (spatial - 1 - i) + 1]
+        n = sizes[i]
+        source = np.clip(np.arange(n + left + right) - left, 0, n - 1).astype(np.int64)
+        result = op.Gather(result, op.Constant(value=ir.tensor(source)), axis=i - spatial)
+    return result
+
+
+@project_rule(aten.replication_pad1d.default)
+def aten_replication_pad1d(self, padding: Sequence[int]):
+    """replication_pad1d(Tensor self, SymInt[2] padding) -> Tensor"""
+    return _replication_pad(self, padding, torchlib_nn.aten_replication_pad1d)
+
+
+@project_rule(aten.replication_pad2d.default)
+def aten_replication_pad2d(self, padding: Sequence[int]):
+    """replication_pad2d(Tensor self, SymInt[4] padding) -> Tensor"""
+    return _replication_pad(self, padding, torchlib_nn.aten_replication_pad2d)
+
+
+@project_rule(aten.replication_pad3d.default)
+def aten_replication_pad3d(self, padding: Sequence[int]):
+    """replication_pad3d(Tensor self, SymInt[6] padding) -> Tensor"""
+    return _replication_pad(self, padding, torchlib_nn.aten_replication_pad3d)

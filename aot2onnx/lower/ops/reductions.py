@@ -21,7 +21,8 @@ from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 from onnxscript.function_libs.torch_lib.ops import linalg as torchlib_linalg
 from onnxscript.function_libs.torch_lib.ops import prims as torchlib_prims
 
-from aot2onnx.lower.ops._common import cast, float64_constant, linspace
+from aot2onnx.lower.ops._common import cast, float64_constant, linspace, opmath, rounded_to
+from aot2onnx.lower.ops._control import loop
 from aot2onnx.lower.registry import project_rule
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -911,3 +912,158 @@ def aten_topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = 
     if self.shape is not None and len(self.shape) == 0:
         return op.Identity(self), op.Constant(value=ir.tensor(np.array(0, dtype=np.int64)))
     return torchlib_core.aten_topk(self, k, dim, largest, sorted)
+
+
+# --- segment_reduce: data reduced along ``axis`` in consecutive segments whose lengths (or offsets) are tensor
+# data. With K segments over the D positions of the axis, a [outer..., K, D] mask says which positions each
+# segment holds, and each reduction is a masked reduction over D (positions past the last segment belong to
+# none). ATen's kernel starts each segment's accumulator at ``initial`` (else the reduction's identity): sum,
+# prod, max and min fold it in; a mean is (initial + sum) / length, and an empty segment's is initial (NaN
+# without one).
+
+
+def _segments(data, lengths, offsets, axis: int):
+    """(mask [outer..., K, D]: whether position d lies in segment k, lengths [outer..., K])."""
+    if lengths is not None:
+        ends = op.CumSum(lengths, op.Constant(value_int=-1))
+        starts = op.Sub(ends, lengths)
+    else:
+        last = op.Constant(value_ints=[-1])
+        starts = op.Slice(offsets, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]), last)
+        ends = op.Slice(offsets, op.Constant(value_ints=[1]), op.Constant(value_ints=[2**62]), last)
+        lengths = op.Sub(ends, starts)
+    size = op.Squeeze(op.Shape(data, start=axis, end=axis + 1), op.Constant(value_ints=[0]))
+    positions = op.Range(op.Constant(value_int=0), size, op.Constant(value_int=1))
+    last = op.Constant(value_ints=[-1])
+    mask = op.And(op.LessOrEqual(op.Unsqueeze(starts, last), positions), op.Less(positions, op.Unsqueeze(ends, last)))
+    return mask, lengths
+
+
+def _trailing(x, count: int):
+    """``x`` with ``count`` axes of size 1 appended (to broadcast over the axes after the segment axis)."""
+    if count == 0:
+        return x
+    return op.Unsqueeze(x, op.Constant(value_ints=list(range(-count, 0))))
+
+
+def _segment_reduce(data, reduce: str, lengths, offsets, axis: int, initial, rounding):
+    rank = len(data.shape)
+    axis %= rank
+    inner = rank - axis - 1
+    mask, lengths = _segments(data, lengths, offsets, axis)
+    held = _trailing(mask, inner)  # [outer..., K, D, 1...]
+    x = op.Unsqueeze(data, op.Constant(value_ints=[axis]))  # [outer..., 1, D, inner...]
+    over = op.Constant(value_ints=[axis + 1])
+    like = lambda value: op.CastLike(op.Constant(value_float=float(value)), data)
+    if reduce in ("sum", "mean", "prod"):
+        # ATen's kernel adds (multiplies) each segment's values in order onto initial, rounding every step in
+        # the data's dtype: one Loop over the D positions, each adding its value to the segments holding it.
+        combine = op.Mul if reduce == "prod" else op.Add
+        start = like((1.0 if reduce == "prod" else 0.0) if initial is None else initial)
+        acc = op.Expand(start, op.Concat(op.Shape(lengths), op.Shape(data, start=axis + 1), axis=0))
+        acc.dtype = data.dtype
+
+        def step(i, acc):
+            value = op.Unsqueeze(op.Gather(data, i, axis=axis), op.Constant(value_ints=[axis]))
+            held_here = _trailing(op.Gather(mask, i, axis=-1), inner)
+            updated = combine(acc, value)
+            if rounding is not None:
+                updated = rounded_to(updated, rounding)
+            result = op.Where(held_here, updated, acc)
+            result.dtype = data.dtype
+            return [result]
+
+        size = op.Squeeze(op.Shape(data, start=axis, end=axis + 1), op.Constant(value_ints=[0]))
+        (result,) = loop(size, [acc], step, iteration=True)
+        if reduce == "mean":
+            count = _trailing(op.CastLike(lengths, data), inner)
+            empty = like(float("nan") if initial is None else initial)
+            mean = op.Div(result, count)
+            if rounding is not None:
+                mean = rounded_to(mean, rounding)
+            result = op.Where(op.Greater(count, like(0.0)), mean, empty)
+        return result
+    if reduce not in ("max", "min"):
+        raise NotImplementedError(f"segment_reduce: no reduction {reduce!r}")
+    if initial is not None and math.isnan(initial):
+        return op.Expand(like(float("nan")), op.Shape(op.ReduceMax(op.Cast(held, to=ir.DataType.INT32), over, keepdims=0)))
+    bound = float("-inf") if reduce == "max" else float("inf")
+    reducer, beyond = (op.ReduceMax, op.Greater) if reduce == "max" else (op.ReduceMin, op.Less)
+    result = reducer(op.Where(held, x, like(bound)), over, keepdims=0)
+    if initial is not None:  # a NaN result stays (the comparison is false)
+        result = op.Where(beyond(like(initial), result), like(initial), result)
+    # A NaN in a segment is its result, as in ATen's kernel.
+    has_nan = op.ReduceMax(op.Cast(op.And(held, op.IsNaN(x)), to=ir.DataType.INT32), over, keepdims=0)
+    return op.Where(op.Cast(has_nan, to=ir.DataType.BOOL), like(float("nan")), result)
+
+
+def _segment_reduce_backward(grad, output, data, reduce: str, lengths, offsets, axis: int, initial, rounding):
+    rank = len(data.shape)
+    axis %= rank
+    inner = rank - axis - 1
+    mask, lengths = _segments(data, lengths, offsets, axis)
+    as_int = op.Cast(mask, to=ir.DataType.INT32)
+    covered = _trailing(op.Cast(op.ReduceMax(as_int, op.Constant(value_ints=[axis]), keepdims=0), to=ir.DataType.BOOL),
+                        inner)  # [outer..., D, 1...]
+    segment = _trailing(op.ArgMax(as_int, axis=axis, keepdims=0), inner)  # each position's segment (0 if none)
+    index = op.Expand(segment, op.Shape(data))
+
+    def at_positions(per_segment):  # [outer..., K, inner...] -> [outer..., D, inner...]: each position's segment's
+        return op.GatherElements(per_segment, index, axis=axis)
+
+    like = lambda value: op.CastLike(op.Constant(value_float=float(value)), data)
+    g = at_positions(grad)
+    if reduce == "mean":
+        g = op.Div(g, at_positions(op.Expand(_trailing(op.CastLike(lengths, grad), inner), op.Shape(grad))))
+    elif reduce in ("max", "min"):
+        # The positions equal to the result, or NaN, take the gradient. ATen's CPU kernel then divides it by
+        # their count where there are several, but only where it is positive (it tests grad_input > 0): a
+        # negative gradient goes whole to each of the tied positions. That is eager's number, so it is ours.
+        result = at_positions(output)
+        chosen = op.Or(op.Equal(data, result), op.IsNaN(data))
+        held = _trailing(mask, inner)
+        counts = at_positions(op.ReduceSum(op.Where(op.And(held, op.Unsqueeze(chosen, op.Constant(value_ints=[axis]))),
+                                                    like(1.0), like(0.0)), op.Constant(value_ints=[axis + 1]), keepdims=0))
+        shared = op.And(op.Greater(counts, like(1.0)), op.Greater(g, like(0.0)))
+        g = op.Where(chosen, op.Where(shared, op.Div(g, counts), g), like(0.0))
+    elif reduce == "prod":
+        # grad * output / x, except where x is 0 or NaN: there grad times the product of the segment's other
+        # values (and initial), as ATen's kernel computes it.
+        result = at_positions(output)
+        plain = op.Or(op.Equal(data, like(0.0)), op.IsNaN(data))
+        segment_of = op.ArgMax(as_int, axis=axis, keepdims=1)  # [outer..., 1, D]
+        position = op.Range(op.Constant(value_int=0), op.Squeeze(op.Shape(data, start=axis, end=axis + 1)),
+                            op.Constant(value_int=1))
+        others = op.And(op.Equal(op.Transpose(segment_of, perm=[*range(axis), axis + 1, axis]), segment_of),
+                        op.Not(op.Equal(op.Unsqueeze(position, op.Constant(value_ints=[-1])), position)))
+        # others[..., i, j]: position i is another position of j's segment; rows reduced over i
+        values = op.Unsqueeze(data, op.Constant(value_ints=[axis + 1]))  # [outer..., D(i), 1, inner...]
+        exclusive = op.ReduceProd(op.Where(_trailing(others, inner), values, like(1.0)),
+                                  op.Constant(value_ints=[axis]), keepdims=0)
+        if initial is not None:
+            exclusive = op.Mul(exclusive, like(initial))
+        rounded = (lambda v: v) if rounding is None else (lambda v: rounded_to(v, rounding))  # ATen's 16-bit steps
+        g = op.Where(plain, rounded(op.Mul(g, exclusive)), rounded(op.Div(rounded(op.Mul(g, result)), data)))
+    elif reduce != "sum":
+        raise NotImplementedError(f"segment_reduce backward: no reduction {reduce!r}")
+    return op.Where(covered, g, like(0.0))
+
+
+@project_rule(aten.segment_reduce.default)
+def aten_segment_reduce(data, reduce: str, *, lengths=None, indices=None, offsets=None, axis: int = 0,
+                        unsafe: bool = False, initial=None):
+    """segment_reduce(Tensor data, str reduce, *, Tensor? lengths=None, Tensor? indices=None, Tensor? offsets=None, int axis=0, bool unsafe=False, Scalar? initial=None) -> Tensor"""
+    if indices is not None or (lengths is None) == (offsets is None):
+        raise NotImplementedError("segment_reduce takes lengths or offsets (ATen does not implement indices)")
+    rounding = data.dtype if data.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) else None  # computed in float32
+    return opmath(lambda d: _segment_reduce(d, reduce, lengths, offsets, axis, initial, rounding), data)
+
+
+@project_rule(aten._segment_reduce_backward.default)
+def aten__segment_reduce_backward(grad, output, data, reduce: str, *, lengths=None, offsets=None, axis: int = 0,
+                                  initial=None):
+    """_segment_reduce_backward(Tensor grad, Tensor output, Tensor data, str reduce, *, Tensor? lengths=None, Tensor? offsets=None, int axis=0, Scalar? initial=None) -> Tensor"""
+    rounding = data.dtype if data.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) else None  # computed in float32
+    return opmath(lambda g, o, d: _segment_reduce_backward(g, o, d, reduce, lengths, offsets, axis, initial, rounding),
+                  grad, output, data)
+
