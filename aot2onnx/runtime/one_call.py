@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 import onnx
-import torch
 import onnxruntime as ort
+import torch
 from torch.utils.dlpack import from_dlpack as _from_capsule
 
 from aot2onnx.errors import RuntimeSessionError
