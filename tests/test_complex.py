@@ -254,3 +254,20 @@ def test_stft_and_istft_match_eager(dtype):
         return torch.view_as_real(spectrum).square().sum(), torch.istft(spectrum * 2, 16, hop_length=4, window=window, length=96)
 
     _check(roundtrip, _signal(dtype, False, (2, 96)))
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_tensors_with_python_numbers(dtype):
+    """A complex tensor times, plus or minus a Python number, and add/sub with a complex alpha: the number is
+    rounded once to the tensor's precision (a float32 attribute would cost complex128 its digits) and the
+    products are ATen's (a + bi)(c + di), eager's bits here."""
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, dtype=dtype, generator=g), torch.randn(8, dtype=dtype, generator=g)
+
+    def f(a, b):
+        return (a * (0.1 + 0.3j), torch.add(a, b, alpha=0.7 - 0.2j), a + (1.1 - 2.3j), torch.sub(a, b, alpha=2j),
+                a * 0.1, a - 0.5j)
+
+    compiled = torch.compile(f, backend="aot2onnx", options={"fallback": False})
+    for e, c in zip(f(x, y), compiled(x, y)):
+        assert torch.equal(torch.view_as_real(c), torch.view_as_real(e))

@@ -620,7 +620,17 @@ def test_batch_norm_training_and_eval():
     ],
     ids=["2d", "2d-no-affine", "1d-flat", "3d-double", "1d-double-no-affine"],
 )
-def test_batch_norm_training_gradients_and_running_stats(shape, affine, dtype):
+@pytest.mark.parametrize("fused", [False, True], ids=["standard", "fused"])
+def test_batch_norm_training_gradients_and_running_stats(shape, affine, dtype, fused, monkeypatch):
+    # Standard: the rules of lower/ops/norm.py; fused: aot2onnx's fused kernels where the library is built.
+    from aot2onnx.compile import backend
+    from aot2onnx.runtime import fused as fused_library
+
+    if fused and fused_library.library() is None:
+        pytest.skip(fused_library.missing_reason())
+    if not fused:
+        monkeypatch.setattr(backend, "_uses_fused_kernels", lambda device, options: False)
+    torch._dynamo.reset()
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(shape, generator=g) * 2 + 0.5).to(dtype)
     stats = {"eager": (torch.randn(3, generator=g).to(dtype), (torch.rand(3, generator=g) + 0.5).to(dtype))}
@@ -642,6 +652,10 @@ def test_batch_norm_training_gradients_and_running_stats(shape, affine, dtype):
     for e, c in zip(stats["eager"], stats["compiled"]):
         torch.testing.assert_close(c, e, rtol=RTOL, atol=ATOL)
     forward = next(g_ for g_ in graphs if g_.kind == "forward")
+    if fused:
+        backward = next(g_ for g_ in graphs if g_.kind == "backward")
+        assert forward.op_counts["BatchNormTraining"] == 1 and backward.op_counts["BatchNormBackward"] == 1
+        return
     assert forward.op_counts["BatchNormalization"] == 1, forward.op_counts
     if len(shape) > 2:  # the input gradient's projection, as one pass (norm.aten_native_batch_norm_backward)
         backward = next(g_ for g_ in graphs if g_.kind == "backward")

@@ -310,6 +310,10 @@ def _promoted(x, like):
 @project_rule(aten.mul.Tensor, is_complex=True)
 def aten_mul_complex(self, other):
     """mul.Tensor(Tensor self, Tensor other) -> Tensor"""
+    if isinstance(other, (bool, int, float, complex)):  # a Python number (FX keeps it as it is): times a + bi
+        return _times_alpha(self, other)
+    if isinstance(self, (bool, int, float, complex)):
+        return _times_alpha(other, self)
     like = self if is_complex_value(self) else other
     return torchlib_core.aten_mul_complex(_promoted(self, like), _promoted(other, like))
 
@@ -317,6 +321,10 @@ def aten_mul_complex(self, other):
 @project_rule(aten.add.Tensor, is_complex=True)
 def aten_add_complex(self, other, alpha: float = 1.0):
     """add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"""
+    if isinstance(other, (bool, int, float, complex)):  # a Python number (FX keeps it as it is): as a pair
+        number = complex(other)
+        other = op.CastLike(op.Constant(value=ir.tensor([number.real, number.imag], dtype=ir.DataType.DOUBLE)), self)
+        mark_complex(other)
     like = self if is_complex_value(self) else other
     return op.Add(_promoted(self, like), _times_alpha(_promoted(other, like), alpha))
 
@@ -325,12 +333,13 @@ def _times_alpha(other, alpha):
     """other * alpha (a real number) as ATen's add kernel computes it, ``a + alpha * b`` with alpha a complex number even when it
     is 1: (re * alpha - im * 0) + (re * 0 + im * alpha)i, so that an infinite part makes a NaN (z + z of
     z = inf + 1j is inf + nanj in eager)."""
-    if isinstance(alpha, complex):
-        raise LoweringError("add or sub of complex tensors with a complex alpha: no lowering yet")
+    number = complex(alpha)
     re, im = real_part(other), imag_part(other)
-    a = op.CastLike(op.Constant(value_float=float(alpha)), re)
-    zero = op.CastLike(op.Constant(value_float=0.0), re)
-    return pairs(op.Sub(op.Mul(re, a), op.Mul(im, zero)), op.Add(op.Mul(re, zero), op.Mul(im, a)))
+    # The Python number as a double, rounded once to the tensor's dtype (a float attribute would be float32).
+    a = op.CastLike(op.Constant(value=ir.tensor(number.real, dtype=ir.DataType.DOUBLE)), re)
+    b = op.CastLike(op.Constant(value=ir.tensor(number.imag, dtype=ir.DataType.DOUBLE)), re)
+    # (re + im i)(a + b i) = (re a - im b) + (re b + im a) i
+    return pairs(op.Sub(op.Mul(re, a), op.Mul(im, b)), op.Add(op.Mul(re, b), op.Mul(im, a)))
 
 
 @project_rule(aten.add.Scalar, is_complex=True)
@@ -338,7 +347,7 @@ def aten_add_scalar_complex(self, other, alpha: float = 1.0):
     """add.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor"""
     # The number is complex: torch_lib's complex rule added a real one to both parts.
     number = complex(other)
-    pair = op.CastLike(op.Constant(value_floats=[number.real, number.imag]), self)
+    pair = op.CastLike(op.Constant(value=ir.tensor([number.real, number.imag], dtype=ir.DataType.DOUBLE)), self)
     mark_complex(pair)
     return aten_add_complex(self, pair, alpha)
 
@@ -347,8 +356,6 @@ def aten_add_scalar_complex(self, other, alpha: float = 1.0):
 def aten_sub_complex(self, other, alpha: float = 1.0):
     """sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"""
     # ATen's sub is add with -alpha.
-    if isinstance(alpha, complex):
-        raise LoweringError("sub of complex tensors with a complex alpha: no lowering yet")
     return aten_add_complex(self, other, -alpha)
 
 
