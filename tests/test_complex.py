@@ -271,3 +271,23 @@ def test_complex_tensors_with_python_numbers(dtype):
     compiled = torch.compile(f, backend="aot2onnx", options={"fallback": False})
     for e, c in zip(f(x, y), compiled(x, y)):
         assert torch.equal(torch.view_as_real(c), torch.view_as_real(e))
+
+
+def test_complex_division_runs_in_pytorch_for_eagers_numbers():
+    """torch_lib's complex division, (a c + b d, b c - a d) / (c^2 + d^2), gave NaN for eager's inf at z / 0 and 0
+    for eager's 2.4e-31 where c^2 + d^2 overflows: refused at dispatch, so the node runs in PyTorch (and
+    fallback=False names it)."""
+    a = torch.tensor([1 + 1j, 1e-30 + 1e-30j, 2 - 1j], dtype=torch.complex64)
+    b = torch.tensor([0j, 1e30 + 1e30j, 0.5 + 0.25j], dtype=torch.complex64)
+
+    def f(x, y):
+        return x / y, y.reciprocal()
+
+    expected = f(a, b)
+    actual = torch.compile(f, backend="aot2onnx")(a, b)
+    for e, c in zip(expected, actual):
+        assert torch.equal(torch.view_as_real(c).isnan(), torch.view_as_real(e).isnan())
+        assert torch.equal(torch.view_as_real(c).nan_to_num(), torch.view_as_real(e).nan_to_num())
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="complex division"):
+        torch.compile(lambda x, y: x / y, backend="aot2onnx", options={"fallback": False})(a, b)

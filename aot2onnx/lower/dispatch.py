@@ -49,11 +49,27 @@ def is_passthrough_getitem(node: torch.fx.Node) -> bool:
     return isinstance(source, torch.fx.Node) and isinstance(source.meta.get("val"), (list, tuple))
 
 
+# torch_lib's complex rules that give other numbers than ATen's, refused (the node runs in PyTorch): its
+# division is (a c + b d, b c - a d) / (c^2 + d^2), where ATen scales by the larger part of the divisor, so that
+# z / 0 is NaN for ATen's inf and c^2 + d^2 overflows (|divisor| > 1.8e19 in float32: a quotient of 0 for
+# eager's 2.4e-31); its reciprocal is the same formula.
+_TORCHLIB_COMPLEX_REFUSED = {
+    "aten::div.Tensor": "torch_lib's complex division overflows and divides by zero otherwise than ATen",
+    "aten::div.Scalar": "torch_lib's complex division overflows and divides by zero otherwise than ATen",
+    "aten::div.Tensor_mode": "torch_lib's complex division overflows and divides by zero otherwise than ATen",
+    "aten::reciprocal": "torch_lib's complex reciprocal overflows and divides by zero otherwise than ATen",
+}
+
+
 def dispatch(node: torch.fx.Node, registry: Registry, opset: int) -> tuple[Rule | None, str]:
     """The rule that lowers the call_function ``node`` at ``opset``, or ``None`` and the reason."""
     is_complex = is_complex_node(node)
     rule, reason = registry.lookup(node.target, opset, is_complex=is_complex)
     if rule is not None and is_complex and rule.origin == Origin.TORCHLIB:
+        name = node.target.name() if isinstance(node.target, torch._ops.OpOverload) else ""
+        refused = _TORCHLIB_COMPLEX_REFUSED.get(name)
+        if refused is not None:
+            return None, f"{rule.origin} rule {rule.name}: {refused}"
         tensors = _tensor_args(node)
         if any(v.is_complex() for v in tensors) and any(v.is_floating_point() for v in tensors):
             # torch_lib's complex rules read every float operand as a [..., 2] pair: a real one (complex * real
