@@ -263,6 +263,9 @@ ENTRIES: dict[str, Entry] = _table([
                                   "whose torch_lib rule is refused (z / 0 and overflow otherwise than ATen)", kind="bwd",
                         dtypes=(torch.complex64, torch.complex128)))),
     ("chalf", entry(xfail("lowering", "complex32 has no ONNX equivalent"))),
+    ("mean", entry(xfail("unsupported", _COMPLEX + ": the backward divides the complex gradient by the count "
+                                   "(div.Tensor), whose torch_lib rule is refused (z / 0 and overflow otherwise than "
+                                   "ATen)", kind="bwd", dtypes=(torch.complex64, torch.complex128)))),
     ("polar", entry(xfail("unsupported", _COMPLEX + ": the backward divides complex tensors (div.Tensor), whose "
                                     "torch_lib rule is refused (z / 0 and overflow otherwise than ATen)", kind="bwd"))),
     ("linalg.eig", entry(xfail("unsupported", "no lowering for the general (complex) eigendecomposition"))),
