@@ -169,12 +169,13 @@ def test_the_fallback_splits_where_the_plan_found_no_rule():
         def forward(self, x):
             return torch.ops.aot2onnx_plan.halve(torch.sin(x)) + 1
 
-    x = torch.randn(5)
+    x = torch.randn(5, generator=torch.Generator().manual_seed(0))
     compiled = torch.compile(Net(), backend=aot2onnx.backend(fallback=True, cache=False))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = compiled(x)
-    assert torch.equal(out, Net()(x))
+    # ONNX Runtime's sin is not ATen's bit for bit (within float32's rounding: the README's exactness table).
+    torch.testing.assert_close(out, Net()(x))
     assert any("aot2onnx_plan.halve.default (1 node)" in str(w.message) for w in caught)
 
 
