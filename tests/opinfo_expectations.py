@@ -289,6 +289,9 @@ ENTRIES: dict[str, Entry] = _table([
     # OpInfos of torch releases after the locked one (NEWER_OPINFOS)
     ("linalg.matrix_sqrth", entry(xfail("unsupported", "no lowering for linalg_matrix_sqrth (new in torch 2.14)"))),
     ("linalg.polar", entry(xfail("unsupported", "no lowering for linalg_polar (new in torch 2.14)"))),
+    # ATen's flash kernel sums the keys block by block; the lowering's float32 sums in another order: measured on
+    # torch 2.14.1's sample (query 3, keys 6, causal), gradients up to 5.5e-5 off at magnitudes up to 20.7.
+    ("torch.ops.aten._scaled_dot_product_flash_attention_for_cpu", entry(grad_tol={torch.float32: (1e-5, 1e-4)})),
     *[(name, entry(xfail("dynamo", "torch 2.11's Dynamo stops at quantile (\"Data dependent operator\"); torch "
                                    "2.12 on traces it", when=lambda: not torch_behaviour.dynamo_traces_quantile())))
       for name in ("quantile", "nanquantile")],
@@ -314,5 +317,5 @@ ENTRIES: dict[str, Entry] = _table([
 
 # Entries for OpInfos that only torch releases after requirements.lock's have (test_expectations_name_opinfos).
 NEWER_OPINFOS = frozenset({
-    "linalg.matrix_sqrth", "linalg.polar",
+    "linalg.matrix_sqrth", "linalg.polar", "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
 })
