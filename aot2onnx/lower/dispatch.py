@@ -53,10 +53,11 @@ def is_passthrough_getitem(node: torch.fx.Node) -> bool:
 # division is (a c + b d, b c - a d) / (c^2 + d^2), where ATen scales by the larger part of the divisor, so that
 # z / 0 is NaN for ATen's inf and c^2 + d^2 overflows (|divisor| > 1.8e19 in float32: a quotient of 0 for
 # eager's 2.4e-31); its reciprocal is the same formula.
+_DIVISION = "torch_lib's complex division overflows and divides by zero otherwise than ATen"
 _TORCHLIB_COMPLEX_REFUSED = {
-    "aten::div.Tensor": "torch_lib's complex division overflows and divides by zero otherwise than ATen",
-    "aten::div.Scalar": "torch_lib's complex division overflows and divides by zero otherwise than ATen",
-    "aten::div.Tensor_mode": "torch_lib's complex division overflows and divides by zero otherwise than ATen",
+    "aten::div.Tensor": _DIVISION,
+    "aten::div.Scalar": _DIVISION,
+    "aten::div.Tensor_mode": _DIVISION,
     "aten::reciprocal": "torch_lib's complex reciprocal overflows and divides by zero otherwise than ATen",
 }
 

@@ -31,11 +31,12 @@ from torch.utils.dlpack import from_dlpack as _from_capsule
 
 from aot2onnx.errors import RuntimeSessionError
 from aot2onnx.runtime import _ort_compat
+from aot2onnx.runtime.dtypes import TORCH_TO_ONNX
 from aot2onnx.signature import GraphSignature, InputKind
 
 __all__ = ["OneCallRun", "refusal"]
 
-# The dtypes push_back_batch takes (as numpy's), by torch dtype and by ONNX element type.
+# The dtypes push_back_batch takes (as numpy's), by torch dtype, and their ONNX element types.
 _NUMPY = {
     torch.float32: np.float32,
     torch.float64: np.float64,
@@ -47,11 +48,7 @@ _NUMPY = {
     torch.uint8: np.uint8,
     torch.bool: np.bool_,
 }
-_ONNX_TYPES = {
-    onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT64,
-    onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
-    onnx.TensorProto.BOOL,
-}
+_ONNX_TYPES = frozenset(TORCH_TO_ONNX[dtype] for dtype in _NUMPY)
 
 # An address for a tensor with no elements, whose data_ptr() may be 0: push_back_batch refuses a null
 # pointer, and ONNX Runtime never reads an empty tensor's memory.
@@ -98,15 +95,16 @@ class OneCallRun:
             tensors = [t if t.is_cpu and t.is_contiguous() else _fix(t, graph_name) for t in tensors]
         return tensors
 
-    def run(self, sess_run: Any, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Runs the session (``run_with_ortvaluevector``, or a timed wrapper of it) on ``tensors``; the outputs
-        in the order of ``output_names``. An input dtype numpy has no type for raises KeyError before the run."""
+    def run(self, sess_run: Any, tensors: list[torch.Tensor], shapes: list[torch.Size]) -> list[torch.Tensor]:
+        """Runs the session (``run_with_ortvaluevector``, or a timed wrapper of it) on ``tensors`` of ``shapes``;
+        the outputs in the order of ``output_names``. An input dtype numpy has no type for raises KeyError before
+        the run."""
         feeds = _ort_compat.ort_value_vector()
         feeds.push_back_batch(
             tensors,
             [t.data_ptr() or _EMPTY.data_ptr() for t in tensors],
             [_NUMPY[t.dtype] for t in tensors],
-            [t.shape for t in tensors],
+            shapes,
             self.input_devices,
         )
         fetches = _ort_compat.ort_value_vector()

@@ -719,11 +719,12 @@ class OrtGraph:
         one_call = self._one_call
         assert one_call is not None
         tensors = one_call.tensors(args, self.name)
+        shapes = [t.shape for t in tensors]
         with self._lock:
             sess_run = c_run_with_ortvaluevector(self._session)
             timed = _TimedRun(sess_run) if isinstance(ort_run, _TimedRun) else None
             try:
-                results = one_call.run(sess_run if timed is None else timed, tensors)
+                results = one_call.run(sess_run if timed is None else timed, tensors, shapes)
             except KeyError as e:
                 raise RuntimeSessionError(f"graph {self.name!r}: ONNX Runtime cannot take {e.args[0]} tensors") from e
             except Exception as e:
@@ -732,7 +733,6 @@ class OrtGraph:
                 if timed is not None:
                     ort_run.seconds += timed.seconds
             self.runs += 1
-            shapes = [t.shape for t in tensors]
             if shapes != self._one_call_shapes:
                 self._check_shapes(results, dict(zip(one_call.names, shapes)))
                 self._one_call_shapes = shapes
