@@ -182,11 +182,14 @@ def measure_memory(model_name: str, contender: str, precision: str, steps: int) 
     step()
     torch.cuda.synchronize()
     first = time.perf_counter() - start
+    times = []
     for _ in range(steps - 1):
+        start = time.perf_counter()
         step()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
     return {"device_gib": (_device_used() - before) / 2**30, "torch_peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-            "first_step_s": first}
+            "first_step_s": first, "step_ms": statistics.median(times[-3:]) if times else None}
 
 
 def _memory_in_fresh_process(model_name: str, contender: str, precision: str, steps: int, timeout: float) -> dict:
@@ -223,6 +226,13 @@ def _parity(model_name: str, steps: int) -> dict[str, Any]:
         return {"ok": False, "message": str(e)[:2000]}
 
 
+def _save(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Writes the figures so far to ``--json`` (after every model: a run stopped at its time limit keeps them)."""
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+
+
 def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     deadline = time.monotonic() + args.budget
     results: dict[str, Any] = {
@@ -249,8 +259,12 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             for contender in args.contenders:
                 torch.compiler.reset()
                 try:
+                    start = time.perf_counter()
                     step = _runner(model_name, contender)
-                    for _ in range(args.warmup):
+                    step()
+                    _sync()
+                    entry.setdefault("first_step_s", {})[f"{contender}/{precision}"] = time.perf_counter() - start
+                    for _ in range(args.warmup - 1):
                         step()
                     _sync()
                     runners[contender] = step
@@ -259,16 +273,24 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
                     entry.setdefault("errors", {})[f"{contender}/{precision}"] = f"{type(e).__name__}: {str(e)[:300]}"
             for contender, ms in _time(runners, args.rounds, args.steps, log).items():
                 entry["ms"][f"{contender}/{precision}"] = ms
+            first = entry.get("first_step_s", {})
             log(f"{model_name} {precision}: " + ", ".join(
-                f"{c} {entry['ms'].get(f'{c}/{precision}') or float('nan'):.2f}" for c in args.contenders))
+                f"{c} {entry['ms'].get(f'{c}/{precision}') or float('nan'):.2f} ms"
+                f" (first step {first.get(f'{c}/{precision}', float('nan')):.1f} s)" for c in args.contenders))
+            for key, error in entry.get("errors", {}).items():
+                if key.endswith(f"/{precision}"):
+                    log(f"{model_name} {key} failed: {error}")
             del runners
             if _device.type == "cuda":
                 torch.cuda.empty_cache()
+            _save(args, results)
         for contender in args.memory_contenders if model_name in args.memory_models and _device.type == "cuda" else ():
             if time.monotonic() > deadline:
                 break
-            entry["memory"][contender] = _memory_in_fresh_process(model_name, contender, "fp32", 5, args.timeout)
+            entry["memory"][contender] = _memory_in_fresh_process(model_name, contender, "fp32", args.memory_steps,
+                                                                  args.timeout)
             log(f"{model_name} memory {contender}: {entry['memory'][contender]}")
+            _save(args, results)
     return results
 
 
@@ -307,15 +329,18 @@ def render_section(results: dict[str, Any]) -> str:
             lines.append(f"| {name} | {precision} | " + " | ".join(cells) + f" | {verdict} |")
     memory_rows = [(n, c, v) for n, m in results["models"].items() for c, v in m.get("memory", {}).items()]
     if memory_rows:
-        lines += ["", "Device memory held after 5 fp32 steps, fresh process per contender (GiB; torch's own peak "
-                  "allocation beside it), and the first step's seconds:", "",
-                  "| model | contender | device GiB | torch peak GiB | first step s |", "|---|---|---:|---:|---:|"]
+        lines += ["", "Device memory held after the fp32 steps, fresh process per contender (GiB; torch's own peak "
+                  "allocation beside it), the first step's seconds, and a step's ms there (median of the last three, each "
+                  "step synchronized; a process per contender, so not side by side):", "",
+                  "| model | contender | device GiB | torch peak GiB | first step s | step ms |",
+                  "|---|---|---:|---:|---:|---:|"]
         for name, contender, v in memory_rows:
             if "error" in v:
                 lines.append(f"| {name} | {contender} | failed: {v['error']} | | |")
             else:
+                step_ms = f"{v['step_ms']:.1f}" if v.get("step_ms") else ""
                 lines.append(f"| {name} | {contender} | {v['device_gib']:.2f} | {v['torch_peak_gib']:.2f} | "
-                             f"{v['first_step_s']:.1f} |")
+                             f"{v['first_step_s']:.1f} | {step_ms} |")
     errors = [(n, k, e) for n, m in results["models"].items() for k, e in m.get("errors", {}).items()]
     errors += [(n, "parity", m["parity"]["message"].splitlines()[0]) for n, m in results["models"].items()
                if m.get("parity") and not m["parity"].get("ok")]
@@ -360,6 +385,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--parity-steps", type=int, default=5)
     p.add_argument("--memory-models", default="gpt2-small")
     p.add_argument("--memory-contenders", default="eager,aot2onnx,aot2onnx-shared-arena,aot2onnx-torch-memory")
+    p.add_argument("--memory-steps", type=int, default=8)
     p.add_argument("--budget", type=float, default=540, help="seconds, after which no new measurement starts")
     p.add_argument("--timeout", type=float, default=300, help="seconds allowed to each fresh process")
     p.add_argument("--out", default="BENCHMARKS.md", help="the report whose CUDA section is (re)written")
@@ -384,9 +410,7 @@ def main(argv: Sequence[str]) -> int:
     if _device.type not in ("cuda", "cpu"):
         parser().error(f"--device takes cuda (or cpu, to try the harness), not {args.device}")
     results = run(args, log=lambda line: print(line, flush=True))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, default=str)
+    _save(args, results)
     section = render_section(results)
     print(section)
     write_section(args.out, section)
