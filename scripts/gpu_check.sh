@@ -9,7 +9,8 @@
 #   4. carry .gpu/c4:           cp .gpu/c4 /tmp/ortz/ && bash /tmp/ortz/kit/setup.sh && PYTHONPATH=/tmp/site bash scripts/gpu_check.sh bench
 #                                                                                                timeout_s 330
 #   5. no carry:                PYTHONPATH=/tmp/site bash scripts/gpu_check.sh tests-memory      timeout_s 280
-# Stage seconds can be set: BENCH_BUDGET (new measurements start until then), TESTS_SECONDS, MEMORY_BUDGET.
+# Stage seconds can be set: BENCH_BUDGET (new measurements start until then), TESTS_SECONDS, MEMORY_BUDGET;
+# TESTS_K selects tests (pytest's -k).
 # Every stage writes its log and JSON under $OUT (or /tmp/gpu-check) as it goes, so a stage stopped at its
 # limit still returns what it measured.
 set -u
@@ -43,8 +44,10 @@ PY
   ;;
 tests-memory)
   # The CUDA tests, each test at most 60 s; then GPT-2 small's memory, a fresh process per contender.
-  timeout ${TESTS_SECONDS:-120} python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py -rs \
-    --timeout 60 ${TESTS_ARGS:-} 2>&1 | quiet | tail -80 | tee "$out/tests.log"
+  select=(); [ -n "${TESTS_K:-}" ] && select=(-k "$TESTS_K")
+  timeout ${TESTS_SECONDS:-120} python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py -rfEs \
+    --timeout 60 "${select[@]}" 2>&1 | quiet > "$out/tests.log"
+  grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|^E  " "$out/tests.log" | cut -c1-400 | tail -40
   timeout $(( ${MEMORY_BUDGET:-100} + 70 )) python3 -m aot2onnx bench --device cuda --models gpt2-small --no-parity \
     --contenders "" --precisions "" --budget ${MEMORY_BUDGET:-100} --timeout 65 \
     --memory-models gpt2-small --memory-contenders eager,aot2onnx,aot2onnx-shared-arena,aot2onnx-torch-memory \

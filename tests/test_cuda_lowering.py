@@ -207,6 +207,101 @@ def test_graphed_runs_pin_stable_inputs_copy_the_others_and_recapture_when_one_m
     assert not runs.ready and runs.stopped == "test"
 
 
+def test_constant_outputs_are_those_of_constants_and_static_shapes():
+    """What ONNX Runtime would fold into an initializer (whose copy into a bound output synchronizes the
+    device, which a capture cannot hold): outputs of constants and of shapes alone, not of input data or
+    random numbers."""
+    nodes = [
+        onnx.helper.make_node("Shape", ["x"], ["shape"]),
+        onnx.helper.make_node("ReduceMin", ["shape"], ["smallest"], keepdims=0),
+        onnx.helper.make_node("Constant", [], ["c"], value_int=3),
+        onnx.helper.make_node("Add", ["c", "smallest"], ["from_constants"]),
+        onnx.helper.make_node("ReduceMin", ["x"], ["from_data"], keepdims=0),
+        onnx.helper.make_node("RandomNormal", [], ["noise"], shape=[2]),
+    ]
+    model = _model({"x": [2, 3]}, {"from_constants": [], "from_data": [], "noise": [2]}, nodes,
+                   dtype=onnx.TensorProto.INT64)
+    assert cuda.constant_outputs(model, frozenset({"RandomNormal"})) == {"from_constants"}
+
+
+def test_gpt_lowered_for_cuda_has_its_position_check_constant(monkeypatch):
+    """The GPT's position embedding looks up ``arange``: the index check the lowering returns for it is a
+    constant (the one that broke the first capture on an H100), the token embedding's is not."""
+    from aot2onnx.runtime.session import RANDOM_OPS
+    from aot2onnx.tools.bench.models import GPT
+
+    torch.manual_seed(0)
+    model = GPT(vocab=64, dim=32, heads=2, layers=1, context=8)
+    with lowered_for("cuda", monkeypatch) as models, torch.no_grad():
+        torch._dynamo.reset()
+        torch.compile(model, backend="aot2onnx", options={"cache": False})(torch.randint(0, 64, (2, 8)))
+    (lowered,) = models
+    extra = [o.name for o in lowered.graph.output][1:]  # the logits, then the two embeddings' checks
+    assert len(extra) == 2
+    assert cuda.constant_outputs(lowered, RANDOM_OPS) & set(extra) == {extra[1]}
+
+
+def test_graphed_runs_serve_constant_outputs_from_a_plain_run():
+    model = _model({"x": [3]}, {"y": [3], "c": [3], "check": []}, [
+        onnx.helper.make_node("Relu", ["x"], ["y"]),
+        onnx.helper.make_node("Constant", [], ["c"], value_floats=[1.0, 2.0, 3.0]),
+        onnx.helper.make_node("Constant", [], ["check"], value_float=0.0),
+    ])
+    runs = cuda.GraphedRuns("g", model, ["x"], ["y", "c", "check"], torch.device("cpu"), None,
+                            constant=frozenset({"c", "check"}), host=frozenset({"check"}))
+    x = torch.ones(3)
+    assert runs.remembers and not runs.warmup([x]) and not runs.warmup([x])  # no plain run's values yet
+    runs.remember([torch.zeros(3), torch.tensor([1.0, 2.0, 3.0]), torch.tensor(0.0)])
+    assert not runs.remembers and runs.warmup([x])
+    bound: list[str] = []
+    runs.setup([x], lambda name, t: None, lambda name, t: bound.append(name))
+    assert bound == ["y"] and runs.capturing  # the constants are left out of the capture
+    runs._out[0].copy_(torch.full((3,), 7.0))
+    y, c, check = runs.copy_out(range(0))
+    assert torch.equal(y, torch.full((3,), 7.0)) and torch.equal(c, torch.tensor([1.0, 2.0, 3.0]))
+    assert c.data_ptr() != runs._remembered[1].data_ptr()  # the caller's own tensor
+    assert check.device.type == "cpu" and float(check) == 0.0
+
+
+class _FakeCudart:
+    """cudaStreamIsCapturing / cudaStreamEndCapture / cudaGraphDestroy / cudaGetLastError, recorded."""
+
+    def __init__(self, status: int):
+        self.status, self.calls = status, []
+
+    def cudaStreamIsCapturing(self, stream, status):
+        self.calls.append("is_capturing")
+        status._obj.value = self.status
+        return 0
+
+    def cudaStreamEndCapture(self, stream, graph):
+        self.calls.append("end_capture")
+        graph._obj.value = 1234
+        self.status = 0
+        return 907  # cudaErrorStreamCaptureInvalidated: the capture ends all the same
+
+    def cudaGraphDestroy(self, graph):
+        self.calls.append("destroy")
+        return 0
+
+    def cudaGetLastError(self):
+        self.calls.append("clear")
+        return 0
+
+
+@pytest.mark.parametrize("status", [0, 2])
+def test_a_failed_capture_is_ended_so_the_stream_takes_work_again(status, monkeypatch):
+    fake = _FakeCudart(status)
+    monkeypatch.setattr(cuda, "_cudart_lib", fake)
+    stream = type("Stream", (), {"cuda_stream": 99})()
+    assert cuda.end_failed_capture(stream)
+    expected = ["is_capturing", "end_capture", "destroy", "clear", "is_capturing"] if status else [
+        "is_capturing", "clear", "is_capturing"]
+    assert fake.calls == expected
+    monkeypatch.setattr(cuda, "_cudart_lib", False)  # no CUDA runtime in this process: nothing to end
+    assert not cuda.end_failed_capture(stream)
+
+
 @pytest.mark.parametrize("special", [NAN, INF, -INF])
 def test_cuda_lowering_keeps_special_values(special, monkeypatch):
     """The rare cases the CPU lowering guards with an If run unconditionally on CUDA: NaN and infinities in a

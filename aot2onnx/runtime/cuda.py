@@ -33,7 +33,10 @@ import torch
 from aot2onnx.options import Options
 from aot2onnx.runtime.dtypes import ONNX_TO_TORCH
 
-__all__ = ["GraphedRuns", "foreach_copy", "graph_op_types", "precision_settings", "provider_options", "tf32_allowed"]
+__all__ = [
+    "GraphedRuns", "constant_outputs", "end_failed_capture", "foreach_copy", "graph_op_types", "precision_settings",
+    "provider_options", "tf32_allowed",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -201,6 +204,71 @@ def graph_refusal(model: onnx.ModelProto, op_types: frozenset[str], random_ops: 
     return None
 
 
+def constant_outputs(model: onnx.ModelProto, random_ops: frozenset[str]) -> frozenset[str]:
+    """The graph outputs whose values depend on no graph input's data: computed from constants and from the
+    shapes of inputs alone (a graph to be captured has static shapes), like a lowering's runtime check of
+    indices made by ``arange``. ONNX Runtime folds such an output into an initializer, and a run copies an
+    initializer output into its bound buffer with a synchronization of the device, which a capture cannot
+    hold (``operation not permitted when stream is capturing``); the runtime serves them from a plain run
+    instead (:class:`GraphedRuns`). Sound rather than complete: a value counted as varying may still be folded
+    by ONNX Runtime (the capture then fails and the graph runs plainly), but one counted as constant is."""
+    varying = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
+    for node in model.graph.node:  # in topological order, as ONNX requires
+        standard = node.domain in ("", "ai.onnx")
+        if standard and node.op_type in ("Shape", "Size"):
+            continue  # the sizes of a static shape
+        subgraphs = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+        if (node.op_type in random_ops or subgraphs or not standard
+                or any(name in varying for name in node.input if name)):
+            varying.update(name for name in node.output if name)
+    return frozenset(o.name for o in model.graph.output if o.name not in varying)
+
+
+_cudart_lib: Any = None
+
+
+def _cudart() -> Any:
+    """CUDA's runtime library as this process loaded it (torch's), through ctypes; None where not found."""
+    global _cudart_lib
+    if _cudart_lib is None:
+        candidates = []
+        try:
+            with open("/proc/self/maps") as maps:
+                candidates = sorted({line.split()[-1] for line in maps if "libcudart.so" in line.split()[-1]})
+        except OSError:
+            pass
+        candidates += ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
+        for name in candidates:
+            try:
+                _cudart_lib = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        else:
+            _cudart_lib = False
+    return _cudart_lib or None
+
+
+def end_failed_capture(stream: torch.cuda.Stream) -> bool:
+    """Ends a stream capture left open by a run that failed inside it (ONNX Runtime does not end it), so that
+    the stream takes work again; True where the stream is out of capture mode now."""
+    lib = _cudart()
+    if lib is None:
+        return False
+    handle = ctypes.c_void_p(stream.cuda_stream)
+    status = ctypes.c_int(0)
+    if lib.cudaStreamIsCapturing(handle, ctypes.byref(status)) != 0:
+        lib.cudaGetLastError()
+        return False
+    if status.value != 0:  # cudaStreamCaptureStatusActive or ...Invalidated
+        graph = ctypes.c_void_p()
+        lib.cudaStreamEndCapture(handle, ctypes.byref(graph))
+        if graph.value:
+            lib.cudaGraphDestroy(graph)
+    lib.cudaGetLastError()  # the capture's error, not sticky: cleared for torch's next call
+    return lib.cudaStreamIsCapturing(handle, ctypes.byref(status)) == 0 and status.value == 0
+
+
 class GraphedRuns:
     """Runs of one session replayed as a CUDA graph (ONNX Runtime's ``enable_cuda_graph``).
 
@@ -219,7 +287,8 @@ class GraphedRuns:
     """
 
     def __init__(self, name: str, model: onnx.ModelProto, input_names: Sequence[str], output_names: Sequence[str],
-                 device: torch.device, stream: torch.cuda.Stream | None) -> None:
+                 device: torch.device, stream: torch.cuda.Stream | None, *,
+                 constant: frozenset[str] = frozenset(), host: frozenset[str] = frozenset()) -> None:
         self.name = name
         self.device = device
         self.stream = stream
@@ -230,10 +299,16 @@ class GraphedRuns:
             ([d.dim_value for d in t.shape.dim], ONNX_TO_TORCH[t.elem_type])
             for t in (declared[n].type.tensor_type for n in output_names)
         ]
+        # Outputs that are constants (constant_outputs): left out of the capture, served from a plain run's
+        # values; those the host reads (``host``: the runtime checks' values) kept in host memory.
+        self._constant = [i for i, n in enumerate(self.output_names) if n in constant]
+        self._host = {i for i in self._constant if self.output_names[i] in host}
+        self._remembered: dict[int, torch.Tensor] = {}
         self.calls = 0
         self.replays = 0
         self.captures = 0
         self.stopped: str | None = None  # why the graph runs plainly now
+        self.capturing = False  # whether the next run under graph_run captures (its first after setup)
         self._seen: list[list[int]] = []  # the warm-up calls' input addresses
         self._forced: set[int] = set()  # inputs copied because they moved after a capture
         self._pinned: list[torch.Tensor | None] = []  # per input: the tensor bound where it is, or None (copied)
@@ -252,11 +327,23 @@ class GraphedRuns:
         """Records a plain call's input addresses; True once the graph can be set up (:meth:`setup`)."""
         self.calls += 1
         self._seen.append([a.data_ptr() for a in args])
-        return self.calls >= _WARMUP_CALLS
+        return self.calls >= _WARMUP_CALLS and len(self._remembered) == len(self._constant)
+
+    @property
+    def remembers(self) -> bool:
+        """Whether a plain run's outputs are wanted (:meth:`remember`)."""
+        return len(self._remembered) < len(self._constant)
+
+    def remember(self, results: Sequence[torch.Tensor]) -> None:
+        """Keeps a plain run's values of the constant outputs (``results`` in ``output_names``' order)."""
+        for i in self._constant:
+            value = results[i]
+            self._remembered[i] = value.to("cpu", copy=True) if i in self._host else value.clone()
 
     def setup(self, args: Sequence[torch.Tensor], bind_input: Callable, bind_output: Callable) -> None:
         """Binds every input and output at the address the graph will replay with, for a new capture."""
         self.captures += 1
+        self.capturing = True  # until a run under this capture's id succeeds
         self.graph_run = ort.RunOptions()
         self.graph_run.add_run_config_entry("gpu_graph_id", str(self.captures - 1))
         self._pinned, self._buffers, self._copied = [], [], []
@@ -273,8 +360,9 @@ class GraphedRuns:
                 bind_input(name, buffer)
         if not self._out:
             self._out = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in self._outputs]
-        for name, buffer in zip(self.output_names, self._out):
-            bind_output(name, buffer)
+        for i, (name, buffer) in enumerate(zip(self.output_names, self._out)):
+            if i not in self._remembered:
+                bind_output(name, buffer)
 
     def moved(self, args: Sequence[torch.Tensor]) -> tuple[list[int], bool]:
         """The inputs bound where they were that arrived at other memory (a replay would read the old), and
@@ -309,10 +397,11 @@ class GraphedRuns:
         """The outputs of the last replay, in tensors of the caller's; those at the positions ``kept`` are the
         graph's own buffers, for the caller to copy at once (a written input's new value)."""
         self.replays += 1
-        results = [b if i in kept else torch.empty_like(b) for i, b in enumerate(self._out)]
-        fresh = [i for i in range(len(results)) if i not in kept]
+        sources = [self._remembered.get(i, b) for i, b in enumerate(self._out)]
+        results = [s if i in kept or i in self._host else torch.empty_like(s) for i, s in enumerate(sources)]
+        fresh = [i for i in range(len(results)) if i not in kept and i not in self._host]
         if fresh:
-            foreach_copy([results[i] for i in fresh], [self._out[i] for i in fresh])
+            foreach_copy([results[i] for i in fresh], [sources[i] for i in fresh])
         return results
 
     def before_run(self) -> None:

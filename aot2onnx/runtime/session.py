@@ -509,7 +509,9 @@ class OrtGraph:
             inputs = [spec.onnx_name for spec in self.signature.inputs if spec.kind is not InputKind.UNUSED]
             outputs = [*self._onnx_outputs, *(m.onnx_name for m in self._mutations), *(c.onnx_name for c in self._checks)]
             model = onnx.load_from_string(model_bytes)
-            self._graphed = cuda.GraphedRuns(self.name, model, inputs, outputs, self.device, self._stream)
+            self._graphed = cuda.GraphedRuns(self.name, model, inputs, outputs, self.device, self._stream,
+                                             constant=cuda.constant_outputs(model, RANDOM_OPS),
+                                             host=frozenset(c.onnx_name for c in self._checks))
             self._run_options = self._graphed.plain_run
         return session
 
@@ -705,6 +707,8 @@ class OrtGraph:
                 results = values.to_dlpacks(_from_capsule)
             else:
                 results = [torch.from_dlpack(values[i]) for i in range(len(values))]
+            if graphed is not None and graphed.remembers:
+                graphed.remember(results)
             if new_shapes:
                 self._check_shapes(results, {name: bound[1] for name, bound in self._bound.items()})
             for index, position in copied:
@@ -782,9 +786,22 @@ class OrtGraph:
             try:
                 ort_run(self._binding, graphed.graph_run)
             except Exception as e:
-                raise RuntimeSessionError(f"ONNX Runtime failed replaying graph {self.name!r}: {e}") from e
-            finally:
+                if not graphed.capturing:
+                    graphed.after_run()
+                    raise RuntimeSessionError(f"ONNX Runtime failed replaying graph {self.name!r}: {e}") from e
+                # The capture failed: the graph runs plainly from now on, once the stream is out of capture
+                # mode (ONNX Runtime leaves it there, and every later call on it would fail).
+                if self._stream is None or not cuda.end_failed_capture(self._stream):
+                    raise RuntimeSessionError(
+                        f"ONNX Runtime failed capturing graph {self.name!r} as a CUDA graph, and its stream could not "
+                        f"be taken out of capture mode (pass cuda_graphs=False): {e}") from e
                 graphed.after_run()
+                graphed.stop(f"ONNX Runtime failed to capture it: {str(e).splitlines()[0][:300]}")
+                self.cuda_graph_refusal = graphed.stopped
+                self._unbind()
+                return None
+            graphed.after_run()
+            graphed.capturing = False
             self.runs += 1
             returned, written = len(self._onnx_outputs), len(self._mutations)
             results = graphed.copy_out(range(returned, returned + written))

@@ -205,9 +205,9 @@ def _memory_in_fresh_process(model_name: str, contender: str, precision: str, st
     return {"error": (done.stderr.strip().splitlines() or ["no result"])[-1][:300]}
 
 
-def _parity(model_name: str, steps: int) -> dict[str, Any]:
-    """aot2onnx against eager, fp32, through ``aot2onnx.testing.assert_parity``, with CUDA graphs (replays
-    from the third step on) and the shared arena."""
+def _parity(model_name: str, steps: int, cuda_graphs: bool) -> dict[str, Any]:
+    """aot2onnx against eager, fp32, through ``aot2onnx.testing.assert_parity``, with the shared arena, and
+    with CUDA graphs (replays from the third step on) where the benchmark times them."""
     from aot2onnx.testing import assert_parity
 
     _set_precision("fp32")
@@ -218,12 +218,14 @@ def _parity(model_name: str, steps: int) -> dict[str, Any]:
     try:
         import aot2onnx
 
-        backend = aot2onnx.backend(cache=False, cuda_graphs=True, cuda_memory="shared")
+        backend = aot2onnx.backend(cache=False, cuda_graphs=cuda_graphs, cuda_memory="shared")
         assert_parity(lambda: model.to(_device), (x,), loss_fn=loss_fn, targets=[y] * steps, steps=steps, backend=backend,
                       optimizer=lambda p: _optimizer(optimizer_name, p), rtol=1e-4, atol=1e-5, check_torch_ops=False)
         return {"ok": True}
     except AssertionError as e:
         return {"ok": False, "message": str(e)[:2000]}
+    except Exception as e:  # a failure to run is reported beside the figures, not instead of them
+        return {"ok": False, "message": f"failed to run: {type(e).__name__}: {str(e)[:1500]}"}
 
 
 def _save(args: argparse.Namespace, results: dict[str, Any]) -> None:
@@ -249,7 +251,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             entry["skipped"] = "over the time budget"
             continue
         if args.parity:
-            entry["parity"] = _parity(model_name, args.parity_steps)
+            graphs = any(CUDA_CONTENDERS[c][1].get("cuda_graphs") for c in args.contenders)
+            entry["parity"] = _parity(model_name, args.parity_steps, cuda_graphs=graphs)
             log(f"{model_name}: parity {entry['parity']}")
         for precision in args.precisions:
             if time.monotonic() > deadline:
