@@ -55,10 +55,12 @@ class Options:
             keeps every graph to standard ONNX operators (exports always are).
         cuda_graphs: On CUDA, replay each graph with static shapes and no random ops as a CUDA graph
             (``runtime/cuda.py``); a graph that cannot be captured runs plainly and says why once. Off by
-            default until the GPU check has measured it (scripts/gpu_check.sh).
-        cuda_memory: Where ONNX Runtime's CUDA tensors come from: ``"session"``, an arena of each session's own
-            (ONNX Runtime's default); ``"shared"``, one ONNX Runtime arena per device shared by every session;
-            ``"torch"``, torch's caching allocator (one pool, counted by ``torch.cuda.memory_allocated``).
+            default: its first GPU run failed to capture (fixed on the CPU side since, not yet measured on a GPU).
+        cuda_memory: Where ONNX Runtime's CUDA tensors come from: ``"torch"`` (the default), torch's caching
+            allocator (one pool, counted by ``torch.cuda.memory_allocated``: the least device memory on the
+            H100, at the same speed); ``"shared"``, one ONNX Runtime arena per device shared by every session;
+            ``"session"``, an arena of each session's own (ONNX Runtime's default). A session replayed as a
+            CUDA graph keeps an arena of its own whatever this says.
     """
 
     providers: tuple[str, ...] | None = None
@@ -75,7 +77,7 @@ class Options:
     cache_dir: str | None = None
     fused_kernels: bool = True
     cuda_graphs: bool = False
-    cuda_memory: str = "session"
+    cuda_memory: str = "torch"
 
     def __post_init__(self) -> None:
         if self.providers is not None:

@@ -39,7 +39,7 @@ PY
   # aot2onnx's default and its two speed levers against eager, models in the order of the targets.
   timeout $(( ${BENCH_BUDGET:-210} + 80 )) python3 -m aot2onnx bench --device cuda --budget ${BENCH_BUDGET:-210} \
     --models ${BENCH_MODELS:-gpt-d256,mlp,cnn,gpt-d768,mobilenet,bert,gpt2-small} \
-    --contenders eager,aot2onnx,aot2onnx-cuda-graphs,aot2onnx-graphs-shared --memory-models "" \
+    --contenders eager,aot2onnx,aot2onnx-cuda-graphs,aot2onnx-session-arenas --memory-models "" \
     --json "$out/bench.json" --out "$out/BENCHMARKS.md" ${BENCH_ARGS:-} 2>&1 | quiet | tee "$out/bench.log"
   ;;
 tests-memory)
@@ -50,7 +50,7 @@ tests-memory)
   grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|^E  " "$out/tests.log" | cut -c1-400 | tail -40
   timeout $(( ${MEMORY_BUDGET:-100} + 70 )) python3 -m aot2onnx bench --device cuda --models gpt2-small --no-parity \
     --contenders "" --precisions "" --budget ${MEMORY_BUDGET:-100} --timeout 65 \
-    --memory-models gpt2-small --memory-contenders eager,aot2onnx,aot2onnx-shared-arena,aot2onnx-torch-memory \
+    --memory-models gpt2-small --memory-contenders eager,aot2onnx,aot2onnx-cuda-graphs,aot2onnx-session-arenas \
     --json "$out/memory.json" --out "$out/memory.md" 2>&1 | quiet | tee "$out/memory.log"
   ;;
 *)

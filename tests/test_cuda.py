@@ -48,7 +48,7 @@ def test_trains_as_eager_on_cuda(name, cuda_graphs):
     statistics written back, parameters moved by SGD in place: every loss, gradient, parameter and buffer as
     eager's, fp32."""
     model, x, y, loss_fn = _batch(name)
-    backend = aot2onnx.backend(cuda_graphs=cuda_graphs, cuda_memory="shared", cache=False)
+    backend = aot2onnx.backend(cuda_graphs=cuda_graphs, cache=False)
     report = assert_parity(lambda: model.cuda(), (x,), loss_fn=loss_fn, targets=[y], steps=8, backend=backend,
                            rtol=1e-4, atol=1e-5, check_torch_ops=False)
     graphs = [g for g in report.graphs if g.session is not None]

@@ -139,13 +139,20 @@ def test_provider_options_carry_precision_stream_and_memory(monkeypatch):
     monkeypatch.setattr(cuda, "_share_arena", lambda index: None)
     monkeypatch.setattr(cuda, "_preloaded", True)
     device = torch.device("cuda", 0)
-    plain = cuda.provider_options(device, Options(), tf32=False, cuda_graph=False)
+    plain = cuda.provider_options(device, Options(cuda_memory="session"), tf32=False, cuda_graph=False)
     assert plain == {"device_id": "0", "user_compute_stream": "12345", "use_tf32": "0"}
     shared = cuda.provider_options(device, Options(cuda_memory="shared"), tf32=False, cuda_graph=False)
     assert shared["arena_extend_strategy"] == "kSameAsRequested"
-    graphed = cuda.provider_options(device, Options(cuda_memory="torch"), tf32=True, cuda_graph=True)
-    assert graphed["use_tf32"] == "1" and graphed["enable_cuda_graph"] == "1"
-    assert all(int(graphed[k]) != 0 for k in ("gpu_external_alloc", "gpu_external_free", "gpu_external_empty_cache"))
+    torch_pool = cuda.provider_options(device, Options(), tf32=True, cuda_graph=False)  # the default
+    assert torch_pool["use_tf32"] == "1" and "enable_cuda_graph" not in torch_pool
+    external = ("gpu_external_alloc", "gpu_external_free", "gpu_external_empty_cache")
+    assert all(int(torch_pool[k]) != 0 for k in external)
+    # A CUDA graph keeps its own arena, whatever cuda_memory says: its replays write where its capture put
+    # its intermediate values, which torch's pool or a shared arena would hand to other tensors.
+    for memory in ("torch", "shared", "session"):
+        graphed = cuda.provider_options(device, Options(cuda_memory=memory), tf32=False, cuda_graph=True)
+        assert graphed == {"device_id": "0", "user_compute_stream": "12345", "use_tf32": "0", "enable_cuda_graph": "1"}
+        assert cuda.session_memory(Options(cuda_memory=memory), True) == "session"
     with pytest.raises(ValueError, match="cuda_memory"):
         Options(cuda_memory="pool")
 

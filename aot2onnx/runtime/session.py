@@ -154,8 +154,10 @@ def uses_fused_kernels(model: onnx.ModelProto) -> bool:
 
 
 def session_options(options: Options, intra_op_threads: int | None = None, *,
-                    fused_kernels: bool = False) -> ort.SessionOptions:
-    """A session's options; with the library of aot2onnx's fused kernels for a model that has their ops."""
+                    fused_kernels: bool = False, env_allocators: bool = True) -> ort.SessionOptions:
+    """A session's options; with the library of aot2onnx's fused kernels for a model that has their ops.
+    ``env_allocators``: the session takes its memory from the arenas registered with ONNX Runtime's environment
+    (the CPU arena all CPU sessions share; the CUDA one of ``cuda_memory="shared"``)."""
     so = ort.SessionOptions()
     if fused_kernels:
         path = fused.library()
@@ -172,8 +174,9 @@ def session_options(options: Options, intra_op_threads: int | None = None, *,
     if options.allow_spinning == "run":
         # The pool's threads spin between a run's operators and stop when the run returns.
         so.add_session_config_entry("session.force_spinning_stop", "1")
-    _share_cpu_arena()
-    so.add_session_config_entry("session.use_env_allocators", "1")
+    if env_allocators:
+        _share_cpu_arena()
+        so.add_session_config_entry("session.use_env_allocators", "1")
     # No memory pattern: with one, a session takes one block sized for its planned peak on every run, on top
     # of the shared arena's free chunks. Measured here without it (fresh process, warm cache): peak RSS GPT
     # 639-653 -> 582 MiB, CNN 579-627 -> 555, transformer layer 443-447 -> 432; step time the same within
@@ -445,7 +448,7 @@ class OrtGraph:
                 model_bytes = model.SerializeToString()
                 disabled = disabled_optimizers(model)
                 self.fused_kernels = uses_fused_kernels(model)
-                sess_options = session_options(options, fused_kernels=self.fused_kernels)
+                sess_options = self._session_options()
                 self._session = self._open(model_bytes, sess_options, providers, disabled)
                 if _thread_trial_applies(model, options, providers, sess_options):
                     self._trial = _ThreadTrial(model_bytes, disabled, sess_options, self.fused_kernels)
@@ -480,6 +483,12 @@ class OrtGraph:
         symints = any(spec.kind is InputKind.SYMINT for spec in self.signature.inputs)
         return cuda.graph_refusal(model, self._op_types, RANDOM_OPS, symints)
 
+    def _session_options(self) -> ort.SessionOptions:
+        """This graph's session options: a CUDA session shares an environment's arena only where its memory
+        is the shared arena (``cuda.session_memory``), never where it is torch's or its own."""
+        env = not self._cuda or cuda.session_memory(self.options, self.cuda_graph_refusal is None) == "shared"
+        return session_options(self.options, fused_kernels=self.fused_kernels, env_allocators=env)
+
     def _cuda_providers(self) -> list[Any]:
         """The providers of a CUDA session: on a stream of the graph's own where it is to be a CUDA graph."""
         graphed = self.cuda_graph_refusal is None
@@ -503,8 +512,8 @@ class OrtGraph:
                 raise
             self.cuda_graph_refusal = f"ONNX Runtime refused to capture it: {str(e).splitlines()[0]}"
             logger.warning("aot2onnx: graph %s runs without a CUDA graph: %s", self.name, self.cuda_graph_refusal)
-            return ort.InferenceSession(model_bytes, sess_options=sess_options, providers=self._cuda_providers(),
-                                        disabled_optimizers=disabled)
+            return ort.InferenceSession(model_bytes, sess_options=self._session_options(),
+                                        providers=self._cuda_providers(), disabled_optimizers=disabled)
         if self._cuda and self.cuda_graph_refusal is None:
             inputs = [spec.onnx_name for spec in self.signature.inputs if spec.kind is not InputKind.UNUSED]
             outputs = [*self._onnx_outputs, *(m.onnx_name for m in self._mutations), *(c.onnx_name for c in self._checks)]
@@ -529,7 +538,7 @@ class OrtGraph:
         with self._lock:
             self.tf32 = tf32
             self._graphed, self._run_options = None, None
-            self._session = self._open(self._model_bytes, session_options(self.options), self._cuda_providers(),
+            self._session = self._open(self._model_bytes, self._session_options(), self._cuda_providers(),
                                        self._disabled)
             self._binding = c_binding(self._session)
             self._ort_run = c_run_with_iobinding(self._session)

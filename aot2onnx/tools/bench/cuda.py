@@ -40,8 +40,7 @@ CUDA_CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "aot2onnx": ("aot2onnx", {}),
     "aot2onnx-cuda-graphs": ("aot2onnx", {"cuda_graphs": True}),
     "aot2onnx-shared-arena": ("aot2onnx", {"cuda_memory": "shared"}),
-    "aot2onnx-torch-memory": ("aot2onnx", {"cuda_memory": "torch"}),
-    "aot2onnx-graphs-shared": ("aot2onnx", {"cuda_graphs": True, "cuda_memory": "shared"}),
+    "aot2onnx-session-arenas": ("aot2onnx", {"cuda_memory": "session"}),
 }
 PRECISIONS = ("fp32", "tf32")
 SECTION_START, SECTION_END = "<!-- cuda benchmark -->", "<!-- /cuda benchmark -->"
@@ -206,7 +205,7 @@ def _memory_in_fresh_process(model_name: str, contender: str, precision: str, st
 
 
 def _parity(model_name: str, steps: int, cuda_graphs: bool) -> dict[str, Any]:
-    """aot2onnx against eager, fp32, through ``aot2onnx.testing.assert_parity``, with the shared arena, and
+    """aot2onnx against eager, fp32, through ``aot2onnx.testing.assert_parity``, with the default options, and
     with CUDA graphs (replays from the third step on) where the benchmark times them."""
     from aot2onnx.testing import assert_parity
 
@@ -218,7 +217,7 @@ def _parity(model_name: str, steps: int, cuda_graphs: bool) -> dict[str, Any]:
     try:
         import aot2onnx
 
-        backend = aot2onnx.backend(cache=False, cuda_graphs=cuda_graphs, cuda_memory="shared")
+        backend = aot2onnx.backend(cache=False, cuda_graphs=cuda_graphs)
         assert_parity(lambda: model.to(_device), (x,), loss_fn=loss_fn, targets=[y] * steps, steps=steps, backend=backend,
                       optimizer=lambda p: _optimizer(optimizer_name, p), rtol=1e-4, atol=1e-5, check_torch_ops=False)
         return {"ok": True}
@@ -308,7 +307,7 @@ def render_section(results: dict[str, Any]) -> str:
         f"{results['torch']}, onnxruntime {results['onnxruntime']}. Training step in ms (median of alternating "
         "blocks, one process), ratio to eager in brackets. fp32: TF32 off in torch and so in ONNX Runtime; tf32: on "
         "in both. inductor-ro: `mode=\"reduce-overhead\"` (CUDA graphs). aot2onnx: the default options; the other "
-        "aot2onnx columns are its levers (`cuda_graphs=True`, `cuda_memory=\"shared\"` or `\"torch\"`).",
+        "aot2onnx columns are its levers (`cuda_graphs=True`, `cuda_memory=\"shared\"` or `\"session\"`).",
         "",
         "| model | precision | " + " | ".join(contenders) + " | parity |",
         "|---|---|" + "---:|" * len(contenders) + "---|",
@@ -387,7 +386,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--parity", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--parity-steps", type=int, default=5)
     p.add_argument("--memory-models", default="gpt2-small")
-    p.add_argument("--memory-contenders", default="eager,aot2onnx,aot2onnx-shared-arena,aot2onnx-torch-memory")
+    p.add_argument("--memory-contenders", default="eager,aot2onnx,aot2onnx-shared-arena,aot2onnx-session-arenas")
     p.add_argument("--memory-steps", type=int, default=8)
     p.add_argument("--budget", type=float, default=540, help="seconds, after which no new measurement starts")
     p.add_argument("--timeout", type=float, default=300, help="seconds allowed to each fresh process")
