@@ -349,3 +349,30 @@ def test_max_pool_backward_scatters_on_cuda_with_the_cpu_lowerings_values(monkey
     assert torch.equal(cpu.isnan(), cuda.isnan()) and torch.equal(torch.nan_to_num(cpu), torch.nan_to_num(cuda))
     assert torch.equal(cuda.view(torch.int32), xe.grad.view(torch.int32))
 
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: (x > 0).any(dim=1),
+        lambda x: (x > 0).any(),
+        lambda x: (x > 0).to(torch.uint8).any(dim=0),
+        lambda x: (x > 0).all(dim=2),
+        lambda x: (x > 0).amax(dim=-1),
+    ],
+    ids=["any-dim", "any", "any-uint8", "all-dim", "amax-bool"],
+)
+def test_truth_reductions_run_on_cuda_with_the_cpu_lowerings_values(fn, monkeypatch):
+    """any/all/amax of truth values reduce one-byte values on the CPU; the CUDA provider's ReduceMax has no
+    uint8 kernel, so the CUDA lowering reduces int32 ones, to the same result."""
+    x = torch.randn(4, 5, 6)
+    x[0] = -1.0
+    results = {}
+    for device_type in ("cpu", "cuda"):
+        with lowered_for(device_type, monkeypatch) as models:
+            torch._dynamo.reset()
+            results[device_type] = torch.compile(fn, backend="aot2onnx", options={"cache": False})(x)
+        if device_type == "cuda":
+            assert models and not [str(f) for m in models for f in cpu_fallbacks(m)]
+    expected = fn(x)
+    for result in results.values():
+        assert result.dtype == expected.dtype and torch.equal(result, expected)
