@@ -15,10 +15,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import aot2onnx.compile.backend as backend
 import aot2onnx.lower.translate as translate
 from aot2onnx.options import Options
 from aot2onnx.runtime import cuda
-from aot2onnx.runtime.host_copies import host_round_trips
+from aot2onnx.runtime.host_copies import cpu_fallbacks, host_round_trips
+from aot2onnx.signature import FUSED_DOMAIN
 from aot2onnx.tools.bench.models import make_batch
 
 NAN, INF = float("nan"), float("inf")
@@ -27,9 +29,10 @@ NAN, INF = float("nan"), float("inf")
 @contextlib.contextmanager
 def lowered_for(device_type: str, monkeypatch: pytest.MonkeyPatch):
     """Every graph compiled inside the block is lowered as for ``device_type`` (and run on the CPU provider),
-    and its ONNX model collected."""
+    and its ONNX model collected. The fused kernels are used as the backend uses them on ``device_type``: on
+    the CPU only."""
     models: list[onnx.ModelProto] = []
-    original = translate.lower_graph
+    original, original_fused = translate.lower_graph, backend._uses_fused_kernels
 
     def lower_graph(*args, **kwargs):
         kwargs["device_type"] = device_type
@@ -39,12 +42,15 @@ def lowered_for(device_type: str, monkeypatch: pytest.MonkeyPatch):
 
     with monkeypatch.context() as m:
         m.setattr(translate, "lower_graph", lower_graph)
+        m.setattr(backend, "_uses_fused_kernels",
+                  lambda device, options: original_fused(torch.device(device_type), options))
         yield models
 
 
-def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn,
+          **options) -> tuple[torch.Tensor, list[torch.Tensor]]:
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="aot2onnx", options={"cache": False})
+    compiled = torch.compile(model, backend="aot2onnx", options={"cache": False, **options})
     loss = loss_fn(compiled(x), y)
     loss.backward()
     grads = [p.grad.clone() for p in model.parameters()]
@@ -55,12 +61,16 @@ def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn) -> tuple[
 @pytest.mark.parametrize("name", ["mlp-s", "cnn-s", "encoder-s", "mobilenet-s"])
 def test_cuda_lowering_makes_no_host_copies_and_matches_the_cpu_lowering(name, monkeypatch):
     model, x, y, loss_fn = make_batch(name)
+    # Without the fused kernels, which the CUDA lowering has not (ATen's CPU kernels): what differs is the
+    # rules' choices for the device.
     with lowered_for("cpu", monkeypatch):
-        cpu_loss, cpu_grads = _step(model, x, y, loss_fn)
+        cpu_loss, cpu_grads = _step(model, x, y, loss_fn, fused_kernels=False)
     with lowered_for("cuda", monkeypatch) as cuda_models:
         cuda_loss, cuda_grads = _step(model, x, y, loss_fn)
     assert cuda_models and all(not host_round_trips(m) for m in cuda_models), [
         str(t) for m in cuda_models for t in host_round_trips(m)]
+    # Nor does any node run on the CPU provider for want of a CUDA kernel.
+    assert not [str(f) for m in cuda_models for f in cpu_fallbacks(m)]
     # Bit for bit: the CUDA lowering computes what the CPU lowering computes, minus its shortcuts.
     assert torch.equal(cpu_loss, cuda_loss)
     for c, g in zip(cpu_grads, cuda_grads, strict=True):
@@ -97,6 +107,79 @@ def test_host_round_trips_follows_shapes_onto_the_host():
     model = onnx.helper.make_model(onnx.helper.make_graph(nodes, "g", [x, n], out, [zero]))
     assert [(t.node or t.value, t.input_index) for t in host_round_trips(model)] == [("mu", 1), ("n", 1)]
     assert [t.value for t in host_round_trips(model, host_inputs=["n"])] == ["mu"]
+
+
+def _graph_model(nodes, inputs, outputs, opset: int = 18, initializers=()) -> onnx.ModelProto:
+    graph = onnx.helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+
+
+def _tensor(name: str, elem_type: int = onnx.TensorProto.FLOAT, shape=None) -> onnx.ValueInfoProto:
+    return onnx.helper.make_tensor_value_info(name, elem_type, shape)
+
+
+def test_cpu_fallbacks_finds_nodes_the_cuda_provider_has_no_kernel_for():
+    """MaxUnpool has no CUDA kernel at all; ArgMax has none for int64 data; Upsample none for the version
+    opset 18 selects (10; its kernels are 7-8 and 9); aot2onnx's fused kernels none. Their origins are named.
+    CastLike has no kernel either, but its function's body runs in its place."""
+    int64 = onnx.TensorProto.INT64
+    unpool = onnx.helper.make_node("MaxUnpool", ["g", "i", "s"], ["u"], name="unpool", kernel_shape=[1, 1])
+    unpool.metadata_props.add(key="pkg.torch.onnx.fx_node", value="%max_pool2d_with_indices_backward")
+    nodes = [
+        unpool,
+        onnx.helper.make_node("ArgMax", ["n"], ["a"], name="argmax_int64"),
+        onnx.helper.make_node("ArgMax", ["g"], ["b"], name="argmax_float"),
+        onnx.helper.make_node("Upsample", ["g", "scales"], ["up"], name="upsample"),
+        onnx.helper.make_node("ThresholdBackward", ["g", "g"], ["t"], name="fused", domain=FUSED_DOMAIN),
+        onnx.helper.make_node("Relu", ["g"], ["r"], name="relu"),
+        # No CUDA kernel, nor a CPU one: ONNX Runtime runs its function's body instead (Cast).
+        onnx.helper.make_node("CastLike", ["n", "g"], ["c"], name="castlike"),
+    ]
+    scales = onnx.numpy_helper.from_array(np.ones(4, dtype=np.float32), "scales")
+    model = _graph_model(nodes, [_tensor("g"), _tensor("i", int64), _tensor("s", int64), _tensor("n", int64)],
+                         [_tensor(n) for n in ("u", "up", "t", "r", "c")] + [_tensor(n, int64) for n in ("a", "b")],
+                         initializers=[scales])
+    found = {f.node: f for f in cpu_fallbacks(model)}
+    assert list(found) == ["unpool", "argmax_int64", "upsample", "fused"]
+    assert found["unpool"].reason == "no CUDA kernel for this op"
+    assert found["unpool"].fx_node == "%max_pool2d_with_indices_backward"
+    assert "lowered from %max_pool2d_with_indices_backward" in str(found["unpool"])
+    assert "T=int64" in found["argmax_int64"].reason
+    assert "version 10" in found["upsample"].reason
+    assert "fused" in found["fused"].reason
+
+
+def test_cpu_fallbacks_reads_the_opset_types_and_subgraphs():
+    """Against a table of two kernels: a kernel registered 13+ serves opset 18, one for 11-12 does not; an
+    input of unknown type is not held against its node; a node whose inputs are all on the host (computed from
+    shapes) runs there for free; a node inside an If branch is found."""
+    kernels = {"domains": {"ai.onnx": {
+        "Neg": {"inputs": ["T"], "outputs": ["T"], "kernels": [{"versions": [13, None], "types": {"T": ["float"]}}]},
+        "Sign": {"inputs": ["T"], "outputs": ["T"], "kernels": [{"versions": [9, 12], "types": {"T": ["float"]}}]},
+        "Shape": {"inputs": ["T"], "outputs": ["T1"], "kernels": [{"versions": [1, None], "types": {}}]},
+        "If": {"inputs": ["B"], "outputs": ["V"], "kernels": [{"versions": [1, None], "types": {}}]},
+    }}}
+    branch = onnx.helper.make_graph([onnx.helper.make_node("Sign", ["x"], ["inner"], name="in_branch")], "b", [],
+                                    [_tensor("inner")])
+    nodes = [
+        onnx.helper.make_node("Neg", ["x"], ["y"], name="neg"),
+        onnx.helper.make_node("Sign", ["x"], ["z"], name="sign"),
+        onnx.helper.make_node("Neg", ["d"], ["w"], name="neg_double"),
+        onnx.helper.make_node("Neg", ["untyped"], ["v"], name="neg_untyped"),
+        onnx.helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        onnx.helper.make_node("Sign", ["s"], ["ss"], name="sign_of_shape"),
+        onnx.helper.make_node("If", ["c"], ["o"], name="if", then_branch=branch, else_branch=branch),
+    ]
+    inputs = [_tensor("x"), _tensor("d", onnx.TensorProto.DOUBLE), _tensor("c", onnx.TensorProto.BOOL),
+              onnx.helper.make_tensor_value_info("untyped", onnx.TensorProto.UNDEFINED, None)]
+    model = _graph_model(nodes, inputs, [_tensor(n) for n in ("y", "z", "w", "v", "o")])
+    found = {f.node: f.reason for f in cpu_fallbacks(model, kernels=kernels)}
+    assert list(found) == ["sign", "neg_double", "in_branch"]
+    assert found["sign"] == "no CUDA kernel for version 13 (opset 18); kernels: 9-12"
+    assert found["neg_double"] == "no CUDA kernel for T=double at version 13"
+    # At opset 11 the Sign kernel serves (Sign-9 is the version opset 11 selects), Neg's 13+ does not.
+    model.opset_import[0].version = 11
+    assert [f.node for f in cpu_fallbacks(model, kernels=kernels)] == ["neg", "neg_double", "neg_untyped"]
 
 
 @pytest.mark.parametrize(
@@ -327,7 +410,8 @@ def test_cuda_lowering_keeps_special_values(special, monkeypatch):
         with lowered_for(device_type, monkeypatch):
             xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
             torch._dynamo.reset()
-            out = torch.compile(fn, backend="aot2onnx", options={"cache": False})(xc, wc)
+            # The CPU lowering without the fused kernels, which the CUDA lowering has not.
+            out = torch.compile(fn, backend="aot2onnx", options={"cache": False, "fused_kernels": False})(xc, wc)
             out.sum().backward()
             results[device_type] = (out.detach(), xc.grad, wc.grad)
     xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -336,3 +420,61 @@ def test_cuda_lowering_keeps_special_values(special, monkeypatch):
     for a, b in zip(results["cpu"], results["cuda"]):
         assert torch.equal(a.isnan(), b.isnan()) and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
     assert torch.equal(results["cuda"][0].isnan(), eager.detach().isnan())
+
+
+def test_max_pool_backward_scatters_on_cuda_with_the_cpu_lowerings_values(monkeypatch):
+    """Non-overlapping float32 windows: the CPU lowering places the gradient with MaxUnpool, which the CUDA
+    provider has no kernel for; the CUDA lowering scatter-adds it, each position once, so the values are the
+    same, NaN and infinities included, and eager's to the bit (ATen adds to zeros too: a -0.0 gradient comes
+    out +0.0, where MaxUnpool keeps its sign)."""
+
+    def fn(x, g):
+        return (F.max_pool2d(x, 2) * g).sum()
+
+    x = torch.randn(2, 3, 8, 8)
+    g = torch.randn(2, 3, 4, 4)
+    g[0, 0, 0, :3] = torch.tensor([NAN, INF, -0.0])
+    grads, models = {}, {}
+    for device_type in ("cpu", "cuda"):
+        with lowered_for(device_type, monkeypatch) as models[device_type]:
+            xc = x.clone().requires_grad_()
+            torch._dynamo.reset()
+            torch.compile(fn, backend="aot2onnx", options={"cache": False})(xc, g).backward()
+        grads[device_type] = xc.grad
+    op_types = {d: {n.op_type for m in ms for n in m.graph.node} for d, ms in models.items()}
+    assert "MaxUnpool" in op_types["cpu"] and "MaxUnpool" not in op_types["cuda"]
+    assert "ScatterElements" in op_types["cuda"]
+    assert not [str(f) for m in models["cuda"] for f in cpu_fallbacks(m)]
+    xe = x.clone().requires_grad_()
+    fn(xe, g).backward()
+    cpu, cuda = grads["cpu"], grads["cuda"]
+    assert torch.equal(cpu.isnan(), cuda.isnan()) and torch.equal(torch.nan_to_num(cpu), torch.nan_to_num(cuda))
+    assert torch.equal(cuda.view(torch.int32), xe.grad.view(torch.int32))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: (x > 0).any(dim=1),
+        lambda x: (x > 0).any(),
+        lambda x: (x > 0).to(torch.uint8).any(dim=0),
+        lambda x: (x > 0).all(dim=2),
+        lambda x: (x > 0).amax(dim=-1),
+    ],
+    ids=["any-dim", "any", "any-uint8", "all-dim", "amax-bool"],
+)
+def test_truth_reductions_run_on_cuda_with_the_cpu_lowerings_values(fn, monkeypatch):
+    """any/all/amax of truth values reduce one-byte values on the CPU; the CUDA provider's ReduceMax has no
+    uint8 kernel, so the CUDA lowering reduces int32 ones, to the same result."""
+    x = torch.randn(4, 5, 6)
+    x[0] = -1.0
+    results = {}
+    for device_type in ("cpu", "cuda"):
+        with lowered_for(device_type, monkeypatch) as models:
+            torch._dynamo.reset()
+            results[device_type] = torch.compile(fn, backend="aot2onnx", options={"cache": False})(x)
+        if device_type == "cuda":
+            assert models and not [str(f) for m in models for f in cpu_fallbacks(m)]
+    expected = fn(x)
+    for result in results.values():
+        assert result.dtype == expected.dtype and torch.equal(result, expected)

@@ -1,4 +1,4 @@
-"""``python -m aot2onnx <command>``: coverage, export, bench, parity, kernels.
+"""``python -m aot2onnx <command>``: coverage, export, bench, parity, kernels, ort-kernels.
 
 Each command lives in its own module, imported only when run, with a ``main(argv) -> int`` entry point.
 """
@@ -14,6 +14,8 @@ _COMMANDS = {
     "bench": ("aot2onnx.tools.bench", "time training steps: eager, inductor and aot2onnx side by side"),
     "parity": ("aot2onnx.tools.parity", "where ONNX Runtime and eager part in one training step, down to the node"),
     "kernels": ("aot2onnx.runtime.fused", "build aot2onnx's fused training kernels (make demo and make test do)"),
+    "ort-kernels": ("aot2onnx.tools.ort_kernels",
+                    "write opset_tables/ort_cuda_kernels.json from ONNX Runtime's docs/OperatorKernels.md"),
 }
 
 

@@ -9,9 +9,11 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript import opset18 as op
 
+from aot2onnx.lower.ops._control import on_device
+
 __all__ = [
     "FLOATS", "INTEGERS", "cast", "is_complex_value", "mark_complex", "flat", "float64_constant", "fma", "linspace", "opmath", "planes", "rounded_to",
-    "scatter_add_to_planes", "static_dim", "static_dims",
+    "scatter_add_to_planes", "static_dim", "static_dims", "truth_dtype",
 ]
 
 FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
@@ -114,6 +116,13 @@ def linspace(start: ir.Value, end: ir.Value, step: ir.Value, steps: int) -> ir.V
     a = op.Cast(op.Where(before_halfway, step, op.Neg(step)), to=double)
     n = op.Where(before_halfway, k, op.Sub(float64_constant(float(steps - 1)), k))
     return fma(a, n, base)  # n < 2^26 splits into itself and 0: the product error is exact
+
+
+def truth_dtype() -> ir.DataType:
+    """The dtype ReduceMax and ReduceMin take truth values (0 and 1) in: one byte, but int32 on a device,
+    the same results: ONNX Runtime's CUDA ReduceMax has no uint8 kernel (opset_tables/ort_cuda_kernels.json),
+    and a node without one runs on the host."""
+    return ir.DataType.INT32 if on_device() else ir.DataType.UINT8
 
 
 def planes(x: ir.Value, spatial: int) -> ir.Value:

@@ -31,7 +31,7 @@ import torch
 from onnxscript import opset18 as op
 
 from aot2onnx.lower.checks import CHECK_LINALG, runtime_check
-from aot2onnx.lower.ops._common import float64_constant, rounded_to
+from aot2onnx.lower.ops._common import float64_constant, rounded_to, truth_dtype
 from aot2onnx.lower.ops._control import cond, loop
 from aot2onnx.lower.registry import project_rule
 
@@ -700,7 +700,7 @@ def _orthonormal_completion(u: M, missing):
         u_value.dtype = _DOUBLE
         return [u_value]
 
-    any_missing = op.Cast(op.ReduceMax(op.Cast(missing, to=ir.DataType.UINT8), keepdims=0), to=ir.DataType.BOOL)
+    any_missing = op.Cast(op.ReduceMax(op.Cast(missing, to=truth_dtype()), keepdims=0), to=ir.DataType.BOOL)
     return u.like(cond(any_missing, complete, keep)[0])
 
 

@@ -31,6 +31,7 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
+from aot2onnx.lower.ops._common import truth_dtype
 from aot2onnx.lower.ops._control import cond
 from aot2onnx.lower.registry import project_rule
 
@@ -380,7 +381,7 @@ def _group_affine(x, centered, mean, rstd, weight, bias, group: int):
     wide = ir.DataType.DOUBLE
     shift = op.CastLike(op.Sub(op.Cast(b, to=wide), op.Mul(op.Cast(scale, to=wide), op.Cast(mean_c, to=wide))), x)
     odd = op.Or(op.Not(op.Equal(op.Sub(scale, scale), zero)), op.Not(op.Equal(op.Sub(shift, shift), zero)))
-    any_odd = op.Cast(op.ReduceMax(op.Cast(odd, to=ir.DataType.UINT8), keepdims=0), to=ir.DataType.BOOL)
+    any_odd = op.Cast(op.ReduceMax(op.Cast(odd, to=truth_dtype()), keepdims=0), to=ir.DataType.BOOL)
 
     def exact():
         out = op.Mul(centered, scale)

@@ -12,7 +12,7 @@ from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
 
 from aot2onnx.capture._torch_compat import unset_fake_temporarily
 from aot2onnx.lower.ops._common import FLOATS, scatter_add_to_planes
-from aot2onnx.lower.ops._control import cond
+from aot2onnx.lower.ops._control import cond, on_device
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -191,10 +191,14 @@ def _max_pool_backward(grad_output, self, indices, spatial: int, kernel_size, st
         grad_output = op.Where(empty, op.CastLike(0.0, grad_output), grad_output)
         return scatter_add_to_planes(grad_output, self, op.Where(empty, op.Constant(value_int=0), indices), spatial)
     overlapping = any(s < d * (k - 1) + 1 for k, s, d in zip(kernel, strides, dilations))
-    if overlapping or grad_output.dtype != ir.DataType.FLOAT:  # ONNX Runtime's MaxUnpool is float32 only
+    # ONNX Runtime's MaxUnpool is float32 only, and the CPU provider's alone: on CUDA it would run on the
+    # host, its inputs copied there and its result back. Where windows do not overlap, no position is picked
+    # twice, so the scatter-add adds each gradient to zero once: MaxUnpool's values (a -0.0 comes out +0.0,
+    # as from ATen's kernel, which adds to zeros too).
+    if overlapping or grad_output.dtype != ir.DataType.FLOAT or on_device():
         return scatter_add_to_planes(grad_output, self, indices, spatial)
     # Windows that do not overlap pick each position at most once, so MaxUnpool places the gradient
-    # (about three times faster than the scatter-add); it takes positions over the whole tensor.
+    # (about three times faster than the scatter-add on the CPU); it takes positions over the whole tensor.
     unbatched = len(self.shape) == spatial + 1
     if unbatched:
         axis = op.Constant(value_ints=[0])
