@@ -336,6 +336,25 @@ class _Runner:
         return _Runner(session, c_binding(session), c_run_with_iobinding(session), {})
 
 
+def serial_nodes(model: onnx.ModelProto) -> list[str]:
+    """The nodes of ``model`` that ONNX Runtime's CPU provider computes wrongly on more than one thread:
+    ScatterND with a reduction, whose kernel splits the updates among the pool's threads, so that two threads
+    adding to one index lose one's update when indices repeat (an embedding's or index_add's gradient; measured
+    with onnxruntime 1.32 on 2 threads: 2.8 off in a sum of 8192 x 768 updates into 4096 rows, a different
+    result from run to run; onnxruntime#18048). A session of such a graph runs on one thread."""
+    found: list[str] = []
+    graphs = [model.graph, *(f for f in model.functions)]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            if node.domain in ("", "ai.onnx") and node.op_type == "ScatterND" and any(
+                    a.name == "reduction" and a.s not in (b"", b"none") for a in node.attribute):
+                found.append(node.name or node.output[0])
+            graphs += [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+            graphs += [g for a in node.attribute for g in a.graphs]
+    return found
+
+
 def _thread_trial_applies(model: onnx.ModelProto, options: Options, providers: list[Any],
                           sess_options: ort.SessionOptions) -> bool:
     if options.intra_op_num_threads or sess_options.intra_op_num_threads <= 1:
@@ -411,6 +430,7 @@ class OrtGraph:
         self.nchwc_convolutions = 0  # Conv nodes moved to ONNX Runtime's blocked layout (nchwc.py)
         self.float32_nodes = 0  # low-precision nodes computed in float32, having no kernel (precision.py)
         self.fused_kernels = False  # whether the graph runs nodes of aot2onnx's fused kernels (runtime/fused.py)
+        self.serial: list[str] = []  # nodes that make the session run on one thread (serial_nodes)
         self._cuda = device.type == "cuda" and options.providers is None
         self._op_types = cuda.graph_op_types(model) if self._cuda else frozenset()  # what TF32 concerns
         self._precision = cuda.precision_settings() if self._cuda else None
@@ -442,6 +462,7 @@ class OrtGraph:
                 if providers == ["CPUExecutionProvider"]:
                     # CUDA's provider runs kernels on a stream, in the same order; kept to copies until tested.
                     self._in_place = writable_in_place(model, signature)
+                    self.serial = serial_nodes(model)
                 self.one_call_refusal = one_call_refusal(model, signature, device, providers, self._in_place)
                 if self.one_call_refusal is None:
                     self._one_call = OneCallRun(signature, [name for name, _ in self._output_dims])
@@ -487,7 +508,8 @@ class OrtGraph:
         """This graph's session options: a CUDA session shares an environment's arena only where its memory
         is the shared arena (``cuda.session_memory``), never where it is torch's or its own."""
         env = not self._cuda or cuda.session_memory(self.options, self.cuda_graph_refusal is None) == "shared"
-        return session_options(self.options, fused_kernels=self.fused_kernels, env_allocators=env)
+        return session_options(self.options, 1 if self.serial else None, fused_kernels=self.fused_kernels,
+                               env_allocators=env)
 
     def _cuda_providers(self) -> list[Any]:
         """The providers of a CUDA session: on a stream of the graph's own where it is to be a CUDA graph."""
