@@ -540,6 +540,36 @@ def test_refuses_rewrite_names_that_are_not_names(artifact_copy):
         edge.open_artifact(artifact_copy)
 
 
+def test_the_runtime_decides_which_models_edge_runs_on_one_thread(exported):
+    """An embedding's gradient is a ScatterND adding rows, which ONNX Runtime's CPU kernel gets wrong on more
+    than one thread (runtime/session.py, serial_nodes): the exporter names those nodes in the model, and the
+    trainer runs that model's session on one thread, the others on the threads asked for."""
+    from aot2onnx.runtime.session import serial_nodes
+
+    art = exported("embedding_layernorm", "sgd")
+    artifact = edge.open_artifact(art.out_dir)
+    for graph, path in artifact.models.items():
+        model = onnx.load(str(path))
+        recorded = next(p.value for p in model.metadata_props if p.key == edge.ONE_THREAD_KEY)
+        assert recorded == ",".join(serial_nodes(model)), graph
+        assert artifact.one_thread[graph] == bool(recorded)
+    assert artifact.one_thread["backward"] and not artifact.one_thread["forward"]
+    trainer = edge.Trainer(art.out_dir, intra_op_num_threads=2)
+    threads = {g: s.get_session_options().intra_op_num_threads for g, s in trainer._sessions.items()}
+    assert threads["backward"] == 1 and threads["forward"] == 2
+
+
+def test_a_model_exported_before_its_one_thread_nodes_were_recorded_runs_on_one_thread(artifact_copy):
+    model_path = artifact_copy / "forward.onnx"
+    model = onnx.load(str(model_path))
+    kept = [p for p in model.metadata_props if p.key != edge.ONE_THREAD_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    model_path.write_bytes(model.SerializeToString())
+    artifact = edge.open_artifact(artifact_copy)
+    assert artifact.one_thread["forward"] and not artifact.one_thread["backward"]
+
+
 def test_the_module_is_traced_as_torch_export_traces_it(tmp_path):
     # torch.compiler.is_compiling() and is_exporting() are True while the module is traced, so code written for
     # traces takes the path that holds for every input. transformers' mask helpers skip an all-ones mask only

@@ -47,6 +47,11 @@ GRAPH_KEY = "aot2onnx.graph"  # each model's metadata_props entry naming it: for
 # comma-separated: aot2onnx's runtime decides (aot2onnx/runtime/rewrites.py) and the exporter records its answer,
 # as this file, copied alone, cannot ask.
 DISABLED_OPTIMIZERS_KEY = "aot2onnx.ort_disabled_optimizers"
+# Each model's metadata_props entry naming its nodes that ONNX Runtime's CPU provider computes wrongly on more
+# than one thread (ScatterND with a reduction: threads adding to one row lose updates; aot2onnx/runtime/session.py,
+# serial_nodes), comma-separated; a model with any runs on one thread. A model exported before the entry
+# existed runs on one thread too: nothing tells whether it has such a node.
+ONE_THREAD_KEY = "aot2onnx.ort_one_thread_nodes"
 
 
 class ArtifactError(ValueError):
@@ -133,6 +138,8 @@ class Artifact:
     models: dict[str, pathlib.Path]  # "forward", "backward", "optimizer" (if exported) -> model file
     # graph -> ONNX Runtime's rewrites to turn off in its session (the model's DISABLED_OPTIMIZERS_KEY)
     disabled_optimizers: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    # graph -> whether its session must run on one thread (the model's ONE_THREAD_KEY)
+    one_thread: dict[str, bool] = dataclasses.field(default_factory=dict)
 
     def entries(self, graph: str, direction: str) -> list[dict]:
         return self.signature[graph][direction]
@@ -182,7 +189,8 @@ def open_artifact(out_dir: str | os.PathLike) -> Artifact:
     if not _inside(root, STATE_FILE, f"{root}: the state file").is_file():
         raise ArtifactError(f"{root / STATE_FILE} is missing: the artifact has no state")
     disabled = {graph: _disabled_optimizers(models[graph], model) for graph, model in contents.items()}
-    artifact = Artifact(root, signature, models, disabled)
+    one_thread = {graph: _one_thread(models[graph], model) for graph, model in contents.items()}
+    artifact = Artifact(root, signature, models, disabled, one_thread)
     _state_file(artifact, load=False)
     return artifact
 
@@ -813,6 +821,15 @@ def _disabled_optimizers(model: pathlib.Path, io: _Model) -> list[str]:
     return names
 
 
+def _one_thread(model: pathlib.Path, io: _Model) -> bool:
+    recorded = io.metadata.get(ONE_THREAD_KEY)
+    if recorded is None:
+        return True  # exported before the entry: it may hold such a node
+    if len(recorded) > 1:
+        raise ArtifactError(f"{model} names its one-thread nodes {len(recorded)} times (metadata {ONE_THREAD_KEY!r})")
+    return bool(recorded[0])
+
+
 def _state_file(artifact: Artifact, *, load: bool) -> dict[str, np.ndarray]:
     """Checks that the state file holds every tensor of ``state`` with its dtype and shape (reading the header
     only); with ``load``, returns them."""
@@ -872,9 +889,10 @@ class Trainer:
         if "optimizer" not in artifact.models:
             raise ArtifactError(f"{artifact.root} was exported without an optimizer; export it with "
                                 "optimizer=aot2onnx.optim.SGD(...) or AdamW(...) to train it here")
-        options = session_options(intra_op_num_threads)
         self._sessions = {}
         for graph, path in artifact.models.items():
+            # A ScatterND with a reduction loses updates on more than one thread (ONE_THREAD_KEY).
+            options = session_options(1 if artifact.one_thread.get(graph, True) else intra_op_num_threads)
             try:
                 session = ort.InferenceSession(str(path), sess_options=options,
                                                providers=list(providers or ["CPUExecutionProvider"]),

@@ -44,6 +44,7 @@ from aot2onnx.options import DEFAULT_OPSET
 from aot2onnx.runtime.dtypes import TORCH_TO_ONNX
 from aot2onnx.runtime.kernels import check_target_opset, require_runnable
 from aot2onnx.runtime.rewrites import disabled_optimizers
+from aot2onnx.runtime.session import serial_nodes
 from aot2onnx.signature import GraphKind, InputKind, LoweredGraph, OutputKind
 
 __all__ = ["TrainingArtifact", "export_training", "forward_input_names"]
@@ -539,8 +540,9 @@ def _attach_metadata(model: onnx.ModelProto, signature: dict, graph: str) -> onn
     from aot2onnx.artifact import edge  # see export_training
 
     disabled = ",".join(disabled_optimizers(model))  # what the runtime's sessions turn off for this model
+    one_thread = ",".join(serial_nodes(model))  # what makes the runtime's session run on one thread
     for key, value in ((edge.SIGNATURE_KEY, json.dumps(signature, sort_keys=True)), (edge.GRAPH_KEY, graph),
-                       (edge.DISABLED_OPTIMIZERS_KEY, disabled)):
+                       (edge.DISABLED_OPTIMIZERS_KEY, disabled), (edge.ONE_THREAD_KEY, one_thread)):
         entry = next((p for p in model.metadata_props if p.key == key), None) or model.metadata_props.add()
         entry.key, entry.value = key, value
     return model

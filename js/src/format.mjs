@@ -11,6 +11,16 @@ export const SIGNATURE_KEY = "aot2onnx.signature"; // each model's metadata_prop
 // Each model's metadata_props entry naming ONNX Runtime's rewrites that would compute a wrong result in it,
 // comma-separated (aot2onnx's runtime decides, the exporter records it: aot2onnx/runtime/rewrites.py).
 export const DISABLED_OPTIMIZERS_KEY = "aot2onnx.ort_disabled_optimizers";
+// Each model's metadata_props entry naming its nodes ONNX Runtime computes wrongly on more than one thread
+// (ScatterND with a reduction: threads adding to one row lose updates), comma-separated: with any, or without
+// the entry (an artifact exported before it), the model's session runs on one thread.
+export const ONE_THREAD_KEY = "aot2onnx.ort_one_thread_nodes";
+
+/** Whether one model's session must run on one thread (its metadata). */
+export function oneThread(metadata) {
+  const recorded = metadata[ONE_THREAD_KEY];
+  return recorded === undefined || recorded !== "";
+}
 // What a model exported before that entry existed is read with: every rewrite aot2onnx had turned off by then.
 export const DISABLED_BEFORE_THE_KEY = "NoopElimination,ExpandElimination";
 

@@ -4,7 +4,7 @@
 // after all three.
 
 import { openArtifact } from "./artifact.mjs";
-import { ArtifactError, DISABLED_BEFORE_THE_KEY, FORMAT, STEP_STATE, disabledOptimizers, lrFactor, repr } from "./format.mjs";
+import { ArtifactError, DISABLED_BEFORE_THE_KEY, FORMAT, STEP_STATE, disabledOptimizers, lrFactor, oneThread, repr } from "./format.mjs";
 import { ARRAYS, numel, writeSafetensors } from "./safetensors.mjs";
 
 // ONNX Runtime for JavaScript has no bfloat16 tensors.
@@ -47,7 +47,8 @@ export class Trainer {
     }
     const sessions = {};
     for (const [graph, model] of Object.entries(artifact.models)) {
-      const config = sessionOptions({ ...options, disabled: disabledOptimizers(model.info.metadata, model.path) });
+      const config = sessionOptions({ ...options, disabled: disabledOptimizers(model.info.metadata, model.path),
+        ...(oneThread(model.info.metadata) ? { threads: 1 } : {}) });
       if (model.external.length) {
         config.externalData = await Promise.all(model.external.map(async (e) => ({ path: e.location, data: await e.read() })));
       }
