@@ -106,7 +106,29 @@ CASES = [
      lambda d, s: (lambda g, x, m, r: aten.native_group_norm_backward(g, x, m, r, None, 6, 6, 8, 3,
                                                                       [True, False, False])[0],
                    _values(d, s, 0, (6, 6, 8)), *_group_norm_args(d, s, False)[:3])),
+    *(
+        (f"embedding_backward_{name}", "EmbeddingDenseBackward", DTYPES,
+         lambda d, s, shape=shape, padding_idx=padding_idx, by_freq=by_freq, index_dtype=index_dtype: (
+             lambda g, i: aten.embedding_dense_backward(g, i, 10, padding_idx, by_freq),
+             _values(d, s, 0, (*shape, 16)), _indices(shape, index_dtype)))
+        for name, shape, padding_idx, by_freq, index_dtype in (
+            ("2d", (6, 5), -1, False, torch.int64),
+            ("padding_idx", (6, 5), 3, False, torch.int64),
+            ("scale_grad_by_freq", (6, 5), -1, True, torch.int64),
+            ("padding_idx_scale_grad_by_freq", (6, 5), 3, True, torch.int64),
+            ("1d", (30,), 0, True, torch.int64),
+            ("3d", (2, 3, 5), 7, False, torch.int64),
+            ("int32", (6, 5), 3, True, torch.int32),
+        )
+    ),
 ]
+
+
+def _indices(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Indices into 10 rows, each row repeated (more indices than rows), every row taken, 3 among them."""
+    n = torch.Size(shape).numel()
+    rows = torch.cat([torch.arange(10), torch.randint(0, 10, (n - 10,), generator=torch.Generator().manual_seed(4))])
+    return rows[torch.randperm(n, generator=torch.Generator().manual_seed(5))].reshape(shape).to(dtype)
 
 
 def _group_norm_args(dtype: torch.dtype, special: bool, affine: bool):
@@ -202,13 +224,24 @@ def test_fused_kernels_only_in_cpu_training_graphs_of_the_backend(tmp_path):
         def forward(self, x):
             return torch.log_softmax(self.net(x), -1).mean()
 
+    class EmbeddingLoss(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = torch.nn.Embedding(16, 8)
+
+        def forward(self, tokens):
+            return self.embedding(tokens).square().mean()
+
     aot2onnx.export_training(WithLoss(), (torch.randn(4, 8),), str(tmp_path / "artifact"),
                              optimizer=aot2onnx.optim.SGD(0.1))
-    paths = list(tmp_path.rglob("*.onnx"))
-    assert paths
-    for path in paths:
-        domains = {n.domain for n in onnx.load(str(path)).graph.node}
-        assert "aot2onnx.fused" not in domains, path
+    aot2onnx.export_training(EmbeddingLoss(), (torch.randint(0, 16, (4, 5)),), str(tmp_path / "embedding"),
+                             optimizer=aot2onnx.optim.SGD(0.1))
+    for artifact in ("artifact", "embedding"):
+        paths = list((tmp_path / artifact).rglob("*.onnx"))
+        assert paths
+        for path in paths:
+            domains = {n.domain for n in onnx.load(str(path)).graph.node}
+            assert "aot2onnx.fused" not in domains, path
 
 
 def test_cache_keys_on_the_kernels_build(monkeypatch):
@@ -245,3 +278,69 @@ def test_kernels_build_id_and_backend_registry():
     assert backend_module._uses_fused_kernels(torch.device("cpu"), options)
     assert not backend_module._uses_fused_kernels(torch.device("cuda"), options)
     assert not backend_module._uses_fused_kernels(torch.device("cpu"), aot2onnx.Options(fused_kernels=False))
+
+
+@pytest.fixture
+def two_threads():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _embedding_steps(embedding: torch.nn.Embedding, tokens: torch.Tensor, upstream: torch.Tensor, options: dict,
+                     steps: int = 4) -> None:
+    """``steps`` training steps' gradients, compiled with ``options``, each eager's bit for bit."""
+    expected = aten.embedding_dense_backward(upstream, tokens, embedding.num_embeddings,
+                                             -1 if embedding.padding_idx is None else embedding.padding_idx,
+                                             embedding.scale_grad_by_freq)
+    compiled = torch.compile(embedding, backend="aot2onnx", options={"cache": False, "fallback": False, **options})
+    for step in range(steps):
+        embedding.weight.grad = None
+        compiled(tokens).backward(upstream)
+        assert _same(embedding.weight.grad, expected), (step, (embedding.weight.grad - expected).abs().max())
+
+
+def test_an_embeddings_gradient_is_fused_and_keeps_its_threads(two_threads):
+    """An embedding's gradient over 8 x 1024 tokens of a 4096-word vocabulary, on two threads: the fused node
+    (ATen's kernel) gives eager's bits on every step, and its graph is not sent to one thread, as the standard
+    lowering's ScatterND with a reduction is (tests/test_thread_trial.py, which tests that fallback)."""
+    torch._dynamo.reset()
+    aot2onnx.reset_compiled_graphs()
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(4096, 768)
+    tokens = torch.randint(0, 4096, (8, 1024))
+    _embedding_steps(embedding, tokens, torch.randn(8, 1024, 768), {})
+    backward = [g for g in compiled_graphs() if g.kind.value == "backward"]
+    assert len(backward) == 1, backward
+    graph = backward[0]
+    assert graph.op_counts.get("EmbeddingDenseBackward") == 1 and "ScatterND" not in graph.op_counts, graph.op_counts
+    assert graph.fused_kernels and graph.serial == []
+    assert graph.intra_op_threads == 2  # the thread trial has not settled in 4 steps: the session it started with
+
+
+@pytest.mark.parametrize(("padding_idx", "scale_grad_by_freq", "index_dtype"),
+                         [(None, True, torch.int64), (3, False, torch.int64), (0, True, torch.int32)])
+def test_an_embeddings_options_reach_the_fused_node(padding_idx, scale_grad_by_freq, index_dtype):
+    torch._dynamo.reset()
+    aot2onnx.reset_compiled_graphs()
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(10, 16, padding_idx=padding_idx, scale_grad_by_freq=scale_grad_by_freq)
+    _embedding_steps(embedding, _indices((6, 5), index_dtype), torch.randn(6, 5, 16), {}, steps=2)
+    backward = [g for g in compiled_graphs() if g.kind.value == "backward"][-1]
+    assert backward.op_counts.get("EmbeddingDenseBackward") == 1, backward.op_counts
+
+
+def test_without_the_kernels_an_embeddings_gradient_runs_on_one_thread(two_threads):
+    """fused_kernels=False: the standard lowering (a ScatterND with a reduction), on one thread, still exact.
+    Not with scale_grad_by_freq: PyTorch's decomposition divides each gradient by its index's count, where ATen's
+    kernel multiplies it by the count's reciprocal (an ulp apart at times); the fused node is exact there too."""
+    torch._dynamo.reset()
+    aot2onnx.reset_compiled_graphs()
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(64, 16, padding_idx=3)
+    tokens = torch.randint(0, 64, (8, 128))
+    _embedding_steps(embedding, tokens, torch.randn(8, 128, 16), {"fused_kernels": False}, steps=2)
+    graph = [g for g in compiled_graphs() if g.kind.value == "backward"][-1]
+    assert not graph.fused_kernels and "EmbeddingDenseBackward" not in graph.op_counts
+    assert graph.serial and graph.intra_op_threads == 1

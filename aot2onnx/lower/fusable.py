@@ -49,6 +49,16 @@ def _group_norm(grad_out: Any, input: Any, mean: Any, rstd: Any, weight: Any, N:
     )
 
 
+def _embedding(grad_output: Any, indices: Any, num_weights: Any, padding_idx: Any, scale_grad_by_freq: Any) -> bool:
+    # ATen's CPU kernel returns [num_weights, grad_output.size(-1)]: one embedding dimension after the indices'.
+    return (
+        isinstance(grad_output, torch.Tensor) and grad_output.dtype in _FLOATS
+        and isinstance(indices, torch.Tensor) and indices.dtype in (torch.int64, torch.int32)
+        and grad_output.dim() == indices.dim() + 1
+        and all(isinstance(v, int) for v in (num_weights, padding_idx))
+    )
+
+
 # Per op: whether the fused kernel takes the call (its arguments as AOTAutograd traces them).
 FUSED_WHEN: dict[torch._ops.OpOverload, Callable[..., bool]] = {
     aten.threshold_backward.default: _elementwise,
@@ -61,4 +71,5 @@ FUSED_WHEN: dict[torch._ops.OpOverload, Callable[..., bool]] = {
     aten._log_softmax_backward_data.default: _softmax,
     aten.native_layer_norm_backward.default: _layer_norm,
     aten.native_group_norm_backward.default: _group_norm,
+    aten.embedding_dense_backward.default: _embedding,
 }

@@ -18,6 +18,7 @@
 #include <ATen/ops/_log_softmax_backward_data.h>
 #include <ATen/ops/_softmax_backward_data.h>
 #include <ATen/ops/copy.h>
+#include <ATen/ops/embedding_dense_backward.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/hardswish_backward.h>
@@ -53,8 +54,12 @@ at::ScalarType ScalarTypeOf(ONNXTensorElementDataType type) {
       return at::kHalf;
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16:
       return at::kBFloat16;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64:  // indices
+      return at::kLong;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32:
+      return at::kInt;
     default:
-      throw std::runtime_error("aot2onnx fused op: only float32, float64, float16 and bfloat16 tensors");
+      throw std::runtime_error("aot2onnx fused op: only float32, float64, float16, bfloat16, int64 and int32 tensors");
   }
 }
 
@@ -75,11 +80,16 @@ at::Tensor Required(Ort::KernelContext& ctx, size_t index) {
   return *tensor;
 }
 
+// ONNX Runtime's output `index`, allocated in `sizes` and the dtype of `options`, as an ATen tensor.
+at::Tensor Output(Ort::KernelContext& ctx, size_t index, at::IntArrayRef sizes, const at::TensorOptions& options) {
+  std::vector<int64_t> shape(sizes.begin(), sizes.end());
+  Ort::UnownedValue value = ctx.GetOutput(index, shape);
+  return at::from_blob(value.GetTensorMutableRawData(), sizes, options);
+}
+
 // ONNX Runtime's output `index`, allocated in the shape and dtype of `like`, as an ATen tensor.
 at::Tensor Output(Ort::KernelContext& ctx, size_t index, const at::Tensor& like) {
-  std::vector<int64_t> shape(like.sizes().begin(), like.sizes().end());
-  Ort::UnownedValue value = ctx.GetOutput(index, shape);
-  return at::from_blob(value.GetTensorMutableRawData(), like.sizes(), like.options());
+  return Output(ctx, index, like.sizes(), like.options());
 }
 
 // A Python float passed exactly: float attributes are float32 in ONNX, so the graph carries float.hex().
@@ -111,11 +121,18 @@ struct Guarded : Kernel {
   }
 };
 
-// Every op: its inputs and outputs take any of the float types (ATen dispatches on the dtype), and output i
-// has the type and shape of input kLike[i].
+// Every op: its inputs and outputs are declared of any type (ATen dispatches on the dtype; Input() takes the float
+// types, and int64 and int32 for indices), and output i has the type and shape of input kLike[i], unless the op
+// infers its outputs itself (a static InferOutputs, and kOutputs for their number).
 template <typename Op, typename Kernel>
 struct FusedOp : Ort::CustomOpBase<Op, Guarded<Kernel>, true> {
-  FusedOp() { OrtCustomOp::InferOutputShapeFn = &InferLikeInputs; }
+  FusedOp() {
+    if constexpr (requires { &Op::InferOutputs; }) {
+      OrtCustomOp::InferOutputShapeFn = &Op::InferOutputs;
+    } else {
+      OrtCustomOp::InferOutputShapeFn = &InferLikeInputs;
+    }
+  }
 
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     try {
@@ -132,7 +149,13 @@ struct FusedOp : Ort::CustomOpBase<Op, Guarded<Kernel>, true> {
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
     return index < Op::kRequired ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
   }
-  size_t GetOutputTypeCount() const { return Op::kLike.size(); }
+  size_t GetOutputTypeCount() const {
+    if constexpr (requires { Op::kOutputs; }) {
+      return Op::kOutputs;
+    } else {
+      return Op::kLike.size();
+    }
+  }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
     return index == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
@@ -359,6 +382,51 @@ struct GroupNormBackward : FusedOp<GroupNormBackward, GroupNormBackwardKernel> {
   static constexpr std::array<size_t, 3> kLike{1, 4, 4};
 };
 
+// --- an embedding's gradient: (grad_output, indices) -> grad_weight [num_weights, grad_output.size(-1)] -------
+// ONNX Runtime's ScatterND with reduction="add" races on its CPU provider's threads (onnxruntime#18048), so the
+// standard lowering runs its graph on one thread; ATen's kernel splits the rows of the weight among its threads
+// (each thread walks every index, in order, and adds to its own rows only): eager's bits on any number.
+
+struct EmbeddingDenseBackwardKernel {
+  explicit EmbeddingDenseBackwardKernel(const Ort::ConstKernelInfo& info)
+      : num_weights_(info.GetAttribute<int64_t>("num_weights")),
+        padding_idx_(info.GetAttribute<int64_t>("padding_idx")),
+        scale_grad_by_freq_(info.GetAttribute<int64_t>("scale_grad_by_freq") != 0) {}
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    at::Tensor grad = Required(ctx, 0), indices = Required(ctx, 1);
+    if (grad.dim() != indices.dim() + 1) {
+      throw std::runtime_error("aot2onnx fused EmbeddingDenseBackward: grad_output must have one dimension more "
+                               "than indices");
+    }
+    // ATen has no out= kernel for the op: its out variant computes the functional one and copies it.
+    at::Tensor out = Output(ctx, 0, {num_weights_, grad.size(-1)}, grad.options());
+    at::embedding_dense_backward_out(out, grad, indices, num_weights_, padding_idx_, scale_grad_by_freq_);
+  }
+  int64_t num_weights_, padding_idx_;
+  bool scale_grad_by_freq_;
+};
+struct EmbeddingDenseBackward : FusedOp<EmbeddingDenseBackward, EmbeddingDenseBackwardKernel> {
+  static constexpr const char* kName = "EmbeddingDenseBackward";
+  static constexpr size_t kInputs = 2, kRequired = 2, kOutputs = 1;
+
+  // The output: grad_output's type, in [num_weights, grad_output's last dimension].
+  static OrtStatusPtr InferOutputs(const OrtCustomOp*, OrtShapeInferContext* context) {
+    try {
+      Ort::ShapeInferContext ctx(&Ort::GetApi(), context);
+      OrtTensorTypeAndShapeInfo* grad = nullptr;  // owned by the context
+      Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_GetInputTypeShape(context, 0, &grad));
+      ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+      Ort::ThrowOnError(Ort::GetApi().GetTensorElementType(grad, &type));
+      const auto& shape = ctx.GetInputShape(0);
+      if (shape.empty()) throw std::runtime_error("aot2onnx fused EmbeddingDenseBackward: a 0-d grad_output");
+      return ctx.SetOutputShape(0, {ctx.GetAttrInt("num_weights"), shape.back()}, type).release();
+    } catch (const std::exception& e) {
+      return Failure(e.what());
+    }
+  }
+};
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
@@ -375,11 +443,13 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static BatchNormTraining batch_norm;
   static BatchNormBackward batch_norm_backward;
   static GroupNormBackward group_norm_backward;
+  static EmbeddingDenseBackward embedding_dense_backward;
   static Ort::CustomOpDomain domain{kDomain};
   static bool added = [] {
     for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&threshold, &gelu, &hardswish, &silu, &tanh_op, &sigmoid,
                                                                &softmax, &log_softmax, &layer_norm, &batch_norm,
-                                                               &batch_norm_backward, &group_norm_backward}) {
+                                                               &batch_norm_backward, &group_norm_backward,
+                                                               &embedding_dense_backward}) {
       domain.Add(op);
     }
     return true;

@@ -1,12 +1,15 @@
 """Backward ops lowered to one of aot2onnx's fused kernels each (``runtime/fused_ops.cc``: ATen's own CPU kernel
 run on ONNX Runtime's buffers), where the standard lowering spells them as chains of ONNX nodes, or where
 AOTAutograd decomposes them for want of a rule: a ReLU gradient (LessOrEqual, Where), a softmax gradient
-(Mul, ReduceSum, Sub, Mul), a layer norm's backward (two dozen nodes). One node, eager's values bit for bit.
+(Mul, ReduceSum, Sub, Mul), a layer norm's backward (two dozen nodes), an embedding's gradient (a ScatterND
+with reduction="add", which runs its graph on one thread: ``runtime/session.py``'s ``serial_nodes``). One node,
+eager's values bit for bit.
 
 Only in :func:`aot2onnx.lower.registry.fused_registry`, which the compile backend uses for CPU graphs where the
 library is built; with it, the calls the kernels take are kept whole by the decomposition table
 (``lower/fusable.py``: tensors of one float dtype, as ATen takes float32, float64, float16 and bfloat16 alike).
-A node the kernel does not take goes to the standard rule, or, for an op that has none, was decomposed.
+A node the kernel does not take goes to the standard rule, or, for an op that has none, was decomposed
+(``lower/fusable.py`` states which calls the kernels take: tensors of one float dtype, int64 or int32 indices).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ aten = torch.ops.aten
 __all__: list[str] = []
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+_INDICES = (ir.DataType.INT64, ir.DataType.INT32)
 
 
 class _NotFused(Exception):
@@ -40,6 +44,11 @@ def _fused(op_type: str, inputs: list[ir.Value | None], num_outputs: int = 1, **
     dtypes = {v.dtype for v in inputs if v is not None}
     if len(dtypes) != 1 or next(iter(dtypes)) not in _FLOATS:
         raise _NotFused(f"the fused {op_type} takes tensors of one float dtype, got {sorted(map(str, dtypes))}")
+    return _node(op_type, inputs, num_outputs, **attributes)
+
+
+def _node(op_type: str, inputs: list[ir.Value | None], num_outputs: int = 1, **attributes: object) -> list[ir.Value]:
+    """One node of the fused kernels' domain (its output types come from the FX graph's)."""
     node = ir.node(op_type, inputs, attributes=attributes, domain=FUSED_DOMAIN, num_outputs=num_outputs)
     onnxscript.evaluator.default().nodes.append(node)
     return list(node.outputs)
@@ -190,3 +199,17 @@ def aten_native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, H
     if weight is None:
         return grad_input, None, None
     return grad_input, outputs[1] if output_mask[1] else None, outputs[2] if output_mask[2] else None
+
+
+@_or_standard(aten.embedding_dense_backward.default)
+def aten_embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq: bool):
+    """embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq) -> Tensor"""
+    # Kept whole only where the kernel takes it (lower/fusable.py): without it, AOTAutograd decomposes the op
+    # into a ScatterND with reduction="add".
+    if not all(isinstance(v, int) for v in (num_weights, padding_idx)):
+        raise _NotFused("the fused EmbeddingDenseBackward takes a plain num_weights and padding_idx")
+    if grad_output.dtype not in _FLOATS or indices.dtype not in _INDICES:
+        raise _NotFused(f"the fused EmbeddingDenseBackward takes a float gradient and int64 or int32 indices, got "
+                        f"{grad_output.dtype} and {indices.dtype}")
+    return _node("EmbeddingDenseBackward", [grad_output, indices], num_weights=int(num_weights),
+                 padding_idx=int(padding_idx), scale_grad_by_freq=int(bool(scale_grad_by_freq)))[0]
