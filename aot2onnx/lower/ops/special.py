@@ -259,14 +259,40 @@ _LANCZOS = (
 )
 
 
-def _lgamma_positive(x: D) -> D:
-    """lgamma for x >= 0.5 (Lanczos, g = 7, n = 9)."""
+def _lanczos_lgamma(x: D) -> D:
+    """lgamma for x >= 0.5 (Lanczos, g = 7, n = 9): within a few ulps from 10 on, not near lgamma's zeros."""
     z = x - 1.0
     series = D(float64_constant(_LANCZOS[0]))
     for i, c in enumerate(_LANCZOS[1:], start=1):
         series = series + c / (z + float(i))
     t = z + _LANCZOS_G + 0.5
     return 0.5 * math.log(2.0 * math.pi) + (z + 0.5) * log(t) - t + log(series)
+
+
+# lgamma's Taylor series about 1 and 2 (DLMF 5.7.3), k >= 2 terms:
+#   lgamma(1 + e) = -gamma e + sum (-1)^k zeta(k) e^k / k,  lgamma(2 + e) = (1 - gamma) e + sum (-1)^k (zeta(k) - 1) e^k / k.
+# For |e| <= 0.5 their terms fall below 2^-60 of the sum by k = 60 and k = 32.
+_EULER_GAMMA = 0.57721566490153286061
+_LGAMMA_ABOUT_1 = [(-1) ** k * (1.0 + z) / k for k, z in enumerate(C.ZETA_MINUS_ONE, start=2)]
+_LGAMMA_ABOUT_2 = [(-1) ** k * z / k for k, z in enumerate(C.ZETA_MINUS_ONE[:31], start=2)]
+
+
+def _lgamma_positive(x: D) -> D:
+    """lgamma for x >= 0.5, to a few ulps (relative, its zeros at 1 and 2 included): Taylor series about 1 on
+    [0.5, 1.5) and about 2 on [1.5, 2.5), below 10 lgamma(x - n) + log((x - n) ... (x - 1)) with x - n in [1.5,
+    2.5), Lanczos from 10. (Lanczos alone was up to 23103 ulps off eager's float64 lgamma on [0.5, 2.5), 41 on
+    [2.5, 10).)"""
+    e1 = x - 1.0  # exact on [0.5, 2] (Sterbenz)
+    about_1 = e1 * (-_EULER_GAMMA + e1 * polevl(e1, _LGAMMA_ABOUT_1[::-1]))
+    n = where(x < 10.0, floor(x - 1.5), 0.0)  # 0 below 2.5
+    y = x - n  # in [1.5, 2.5) below 10: exact
+    e2 = y - 2.0
+    about_2 = e2 * ((1.0 - _EULER_GAMMA) + e2 * polevl(e2, _LGAMMA_ABOUT_2[::-1]))
+    product = D(float64_constant(1.0))
+    for i in range(8):  # y (y + 1) ... (y + n - 1) = (x - n) ... (x - 1), n <= 8
+        product = where(n > float(i), product * (y + float(i)), product)
+    shifted = about_2 + log(product)
+    return where(x < 1.5, about_1, where(x < 10.0, shifted, _lanczos_lgamma(where(x < 10.0, 10.0, x))))
 
 
 def lgamma(x: D) -> D:
