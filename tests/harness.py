@@ -36,6 +36,7 @@ __all__ = [
     "assert_outputs",
     "assert_within_ulps",
     "check",
+    "incomplete_gamma_terms",
     "leaves",
     "linspace_cotangents",
     "randn_cotangents",
@@ -142,6 +143,20 @@ class Ulps(Tolerance):
             largest = float(expected[finite].abs().max()) if finite.any() else 0.0
             tolerance = tolerance + self.shared * torch.finfo(expected.dtype).eps * largest
         return (actual.double() - expected.double()).abs() <= tolerance
+
+
+def incomplete_gamma_terms(a: torch.Tensor, x: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """For :class:`Ulps`' ``at_least``: the spacing at the size of the terms ATen's calc_igamma/calc_igammac round
+    for (a, x), relative to ``expected`` (their result). exp(a log(x) - x - lgamma(a)) makes an ulp of its
+    exponent's largest term (the terms' sum, M) that many ulps of the result relative to the result, and the
+    asymptotic series' log1p(s) - s cancels about sqrt(a) ulps' worth (M = sqrt(a) there): eager's libm and the
+    lowering's, each within an ulp or two of the correctly rounded terms, part the results by a few eps M."""
+    a, x = a.detach().double(), x.detach().double()
+    ratio = (x - a).abs() / a
+    asymptotic = ((a > 20) & (a < 200) & (ratio < 0.3)) | ((a > 200) & (ratio < 4.5 / a.sqrt()))
+    terms = torch.where(asymptotic, a.sqrt(), (a * x.log()).abs() + x + torch.lgamma(a).abs())
+    terms = torch.where(torch.isfinite(terms), terms.clamp(min=1.0), 1.0)
+    return expected.detach().double().abs() * torch.finfo(expected.dtype).eps * terms
 
 
 @dataclasses.dataclass(frozen=True)

@@ -280,8 +280,6 @@ ENTRIES: dict[str, Entry] = _table([
     ("grid_sampler_3d", entry(xfail("unsupported", "no lowering for grid_sampler_3d (ONNX GridSample is 2-D before opset 20)"))),
     ("hash_tensor", entry(xfail("unsupported", "no lowering for hash_tensor"))),
     ("histogramdd", entry(xfail("unsupported", "no lowering for _histogramdd_bin_edges / _histogramdd_from_bin_cts"))),
-    ("igamma", entry(xfail("unsupported", "no lowering for the incomplete gamma function"))),
-    ("igammac", entry(xfail("unsupported", "no lowering for the incomplete gamma function"))),
     *[(name, entry(xfail("unsupported", "no lowering for the LDL factorization (LAPACK's Bunch-Kaufman pivoting)")))
       for name in ("linalg.ldl_factor", "linalg.ldl_factor_ex", "linalg.ldl_solve")],
     ("nn.functional.fractional_max_pool2d", entry(xfail("unsupported", "no lowering for fractional_max_pool2d"))),

@@ -17,7 +17,7 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import Ulps
+from harness import Ulps, incomplete_gamma_terms
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:aot2onnx")]  # float64 Atan runs in PyTorch
 
@@ -99,6 +99,8 @@ def _assert_matches(name: str, args: tuple[torch.Tensor, ...], e: torch.Tensor, 
     if name in CANCELS and e.is_floating_point():
         size = torch.stack([a.double().abs().nan_to_num(0.0, 0.0, 0.0) for a in args]).amax(0).clamp_min(1.0)
         at_least = size * torch.finfo(e.dtype).eps
+    if name in ("gammainc", "gammaincc"):  # ATen's formulas magnify a rounding of their terms (tests/test_igamma.py)
+        at_least = incomplete_gamma_terms(*args, e)
     tol = Ulps(ULPS_OF.get(name, ULPS), zero_sign=name not in ZERO_SIGN_NOT_MATCHED, at_least=at_least)
     tol.check(name, c, e, where=keep, inputs=args)
 

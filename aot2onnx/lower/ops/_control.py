@@ -86,7 +86,7 @@ def cond(condition: ir.Value, then_branch: Callable[[], Sequence[ir.Value]],
 
 
 def loop(trip_count: int | ir.Value, carried: Sequence[ir.Value], body: Callable, *, iteration: bool = False,
-         scanned: int = 0) -> list[ir.Value]:
+         scanned: int = 0, condition: ir.Value | None = None) -> list[ir.Value]:
     """``carried = body(*carried)`` (or ``body(i, *carried)``, i an int64 scalar) ``trip_count`` times, as one Loop.
 
     Unrolled, iterative algorithms make graphs of thousands of nodes, which the ONNX optimizer takes minutes
@@ -94,16 +94,24 @@ def loop(trip_count: int | ir.Value, carried: Sequence[ir.Value], body: Callable
     carried value must have its dtype set. With ``scanned``, the body returns that many values more after the
     carried ones (dtypes set), and the Loop stacks each one's values of every iteration along a new first
     axis: the last carried values are returned, then the stacked ones.
+
+    With ``condition`` (a boolean scalar), the Loop runs while it holds, at most ``trip_count`` times: the body
+    returns the next condition first, then the carried values (an iterative method that stops once every
+    element has converged).
     """
     outer = onnxscript.evaluator.default()
     recorder = Recorder(outer.opset, {})
     counter = ir.Value(name=None, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
-    condition = ir.Value(name=None, type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    running = ir.Value(name=None, type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
     inputs = [ir.Value(name=None, type=ir.TensorType(v.dtype)) for v in carried]
     with onnxscript.evaluator.default_as(recorder):
         results = body(counter, *inputs) if iteration else body(*inputs)
+        if condition is None:
+            keep_going = op.Identity(running)
+        else:
+            keep_going, *results = results
+            keep_going = op.Identity(keep_going)
         outputs = [op.Identity(v) for v in results]
-        keep_going = op.Identity(condition)
     assert len(outputs) == len(carried) + scanned, "the body returns the carried values, then the scanned ones"
     for output, value in zip(outputs, [*inputs, *results[len(carried):]]):
         if value.dtype is None:
@@ -113,15 +121,15 @@ def loop(trip_count: int | ir.Value, carried: Sequence[ir.Value], body: Callable
     # Names must be unique across the model and its subgraphs (SSA), and onnx_ir names unnamed values
     # per graph: name the body's values here.
     prefix = f"loop{next(_bodies)}"
-    for i, value in enumerate([counter, condition, *inputs]):
+    for i, value in enumerate([counter, running, *inputs]):
         value.name = f"{prefix}_in{i}"
     for i, value in enumerate(v for node in recorder.nodes for v in node.outputs):
         value.name = f"{prefix}_{i}"
-    graph = ir.Graph([counter, condition, *inputs], [keep_going, *outputs], nodes=recorder.nodes, name=prefix)
+    graph = ir.Graph([counter, running, *inputs], [keep_going, *outputs], nodes=recorder.nodes, name=prefix)
     if isinstance(trip_count, int):
         trip_count = op.Constant(value_int=trip_count)
     # The node is built directly: the exporter's recorder cannot bind Loop's variadic inputs.
-    node = ir.node("Loop", [trip_count, None, *carried], attributes={"body": graph},
+    node = ir.node("Loop", [trip_count, condition, *carried], attributes={"body": graph},
                    num_outputs=len(carried) + scanned)
     outer.nodes.append(node)
     for result, value in zip(node.outputs, outputs):

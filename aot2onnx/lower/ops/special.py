@@ -9,6 +9,10 @@ code with a fixed trip count are unrolled; loops that run "until x >= 10" are un
 Everything runs in float64 (inputs are cast up and the result cast back), which keeps the error well
 below float32's and matches ATen's double path. ONNX Runtime has no float64 kernel for Erf, Tan, Acos,
 Cosh or Sinh, so those are written here from Exp, Log, Sin, Cos and erfcx.
+
+The exception is the incomplete gamma functions (igamma, igammac): ATen's float32 results carry the
+roundings of its float formulas, magnified, so float32 computes as ATen's float instantiation does, and
+their series and continued fraction, which run until each element converges, are ONNX Loops (see there).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 from onnxscript import opset18 as op
 
 from aot2onnx.lower.ops import _cephes as C
-from aot2onnx.lower.ops._common import FLOATS, float64_constant
+from aot2onnx.lower.ops._common import FLOATS, float64_constant, fma
 from aot2onnx.lower.ops._control import loop
 from aot2onnx.lower.registry import project_rule
 
@@ -31,7 +35,11 @@ aten, prims = torch.ops.aten, torch.ops.prims
 
 
 class D:
-    """A float64 ONNX value with Python arithmetic, so that ATen's scalar C++ reads almost unchanged."""
+    """A float64 ONNX value with Python arithmetic, so that ATen's scalar C++ reads almost unchanged.
+
+    It may hold a float32 value too (the incomplete gamma functions compute as ATen's float instantiation
+    does): Python numbers beside it then become float32 constants, as a C++ ``float`` expression's ``float``
+    constants do."""
 
     __slots__ = ("v",)
 
@@ -39,59 +47,63 @@ class D:
         self.v = value
 
     @staticmethod
-    def of(x):
+    def of(x, like=None):
+        """``x`` as an ONNX value; a Python number in the dtype of ``like`` (a D beside it), float64 by default."""
         if isinstance(x, D):
             return x.v
         if isinstance(x, (int, float)):
+            if isinstance(like, D) and like.v.dtype == ir.DataType.FLOAT:
+                return op.Constant(value=ir.tensor(np.asarray(x, dtype=np.float32)))
             return float64_constant(float(x))
         return x
 
     def __add__(self, o):
-        return D(op.Add(self.v, D.of(o)))
+        return D(op.Add(self.v, D.of(o, self)))
 
     def __radd__(self, o):
-        return D(op.Add(D.of(o), self.v))
+        return D(op.Add(D.of(o, self), self.v))
 
     def __sub__(self, o):
-        return D(op.Sub(self.v, D.of(o)))
+        return D(op.Sub(self.v, D.of(o, self)))
 
     def __rsub__(self, o):
-        return D(op.Sub(D.of(o), self.v))
+        return D(op.Sub(D.of(o, self), self.v))
 
     def __mul__(self, o):
-        return D(op.Mul(self.v, D.of(o)))
+        return D(op.Mul(self.v, D.of(o, self)))
 
     def __rmul__(self, o):
-        return D(op.Mul(D.of(o), self.v))
+        return D(op.Mul(D.of(o, self), self.v))
 
     def __truediv__(self, o):
-        return D(op.Div(self.v, D.of(o)))
+        return D(op.Div(self.v, D.of(o, self)))
 
     def __rtruediv__(self, o):
-        return D(op.Div(D.of(o), self.v))
+        return D(op.Div(D.of(o, self), self.v))
 
     def __neg__(self):
         return D(op.Neg(self.v))
 
     # Comparisons give ONNX bool values, for where().
     def __lt__(self, o):
-        return op.Less(self.v, D.of(o))
+        return op.Less(self.v, D.of(o, self))
 
     def __le__(self, o):
-        return op.LessOrEqual(self.v, D.of(o))
+        return op.LessOrEqual(self.v, D.of(o, self))
 
     def __gt__(self, o):
-        return op.Greater(self.v, D.of(o))
+        return op.Greater(self.v, D.of(o, self))
 
     def __ge__(self, o):
-        return op.GreaterOrEqual(self.v, D.of(o))
+        return op.GreaterOrEqual(self.v, D.of(o, self))
 
     def eq(self, o):
-        return op.Equal(self.v, D.of(o))
+        return op.Equal(self.v, D.of(o, self))
 
 
 def where(condition, a, b) -> D:
-    return D(op.Where(condition, D.of(a), D.of(b)))
+    like = a if isinstance(a, D) else b
+    return D(op.Where(condition, D.of(a, like), D.of(b, like)))
 
 
 def _unary(f):
@@ -259,8 +271,8 @@ _LANCZOS = (
 )
 
 
-def _lgamma_positive(x: D) -> D:
-    """lgamma for x >= 0.5 (Lanczos, g = 7, n = 9)."""
+def _lanczos_lgamma(x: D) -> D:
+    """lgamma for x >= 0.5 (Lanczos, g = 7, n = 9): within a few ulps from 10 on, not near lgamma's zeros."""
     z = x - 1.0
     series = D(float64_constant(_LANCZOS[0]))
     for i, c in enumerate(_LANCZOS[1:], start=1):
@@ -269,7 +281,36 @@ def _lgamma_positive(x: D) -> D:
     return 0.5 * math.log(2.0 * math.pi) + (z + 0.5) * log(t) - t + log(series)
 
 
-def lgamma(x: D) -> D:
+# lgamma's Taylor series about 1 and 2 (DLMF 5.7.3), k >= 2 terms:
+#   lgamma(1 + e) = -gamma e + sum (-1)^k zeta(k) e^k / k,  lgamma(2 + e) = (1 - gamma) e + sum (-1)^k (zeta(k) - 1) e^k / k.
+# For |e| <= 0.5 their terms fall below 2^-60 of the sum by k = 60 and k = 32.
+_EULER_GAMMA = 0.57721566490153286061
+_LGAMMA_ABOUT_1 = [(-1) ** k * (1.0 + z) / k for k, z in enumerate(C.ZETA_MINUS_ONE, start=2)]
+_LGAMMA_ABOUT_2 = [(-1) ** k * z / k for k, z in enumerate(C.ZETA_MINUS_ONE[:31], start=2)]
+
+
+def _lgamma_positive(x: D, series: bool = True) -> D:
+    """lgamma for x >= 0.5, to a few ulps (relative, its zeros at 1 and 2 included): Taylor series about 1 on
+    [0.5, 1.5) and about 2 on [1.5, 2.5), below 10 lgamma(x - n) + log((x - n) ... (x - 1)) with x - n in [1.5,
+    2.5), Lanczos from 10. (Lanczos alone was up to 23103 ulps off eager's float64 lgamma on [0.5, 2.5), 41 on
+    [2.5, 10).)
+    Without ``series``, Lanczos throughout: its absolute error, about 1e-15, is far below a float32 ulp."""
+    if not series:
+        return _lanczos_lgamma(x)
+    e1 = x - 1.0  # exact on [0.5, 2] (Sterbenz)
+    about_1 = e1 * (-_EULER_GAMMA + e1 * polevl(e1, _LGAMMA_ABOUT_1[::-1]))
+    n = where(x < 10.0, floor(x - 1.5), 0.0)  # 0 below 2.5
+    y = x - n  # in [1.5, 2.5) below 10: exact
+    e2 = y - 2.0
+    about_2 = e2 * ((1.0 - _EULER_GAMMA) + e2 * polevl(e2, _LGAMMA_ABOUT_2[::-1]))
+    product = D(float64_constant(1.0))
+    for i in range(8):  # y (y + 1) ... (y + n - 1) = (x - n) ... (x - 1), n <= 8
+        product = where(n > float(i), product * (y + float(i)), product)
+    shifted = about_2 + log(product)
+    return where(x < 1.5, about_1, where(x < 10.0, shifted, _lanczos_lgamma(where(x < 10.0, 10.0, x))))
+
+
+def lgamma(x: D, series: bool = True) -> D:
     # Reflection for x < 0.5: lgamma(x) = log(pi / |sin(pi x)|) - lgamma(1 - x); poles at 0, -1, -2, ...
     # |sin(pi x)| is |sin(pi r)| for r = x less its nearest integer, exact in float64: with x - floor(x)
     # instead, a tiny negative x was lost against 1 (float32 lgamma(-1e-30) was inf, eager 69.08).
@@ -277,8 +318,8 @@ def lgamma(x: D) -> D:
     # the bits a subnormal r lacks (float64 lgamma(5e-324) was 744.486, eager 744.440).
     r = x - nearest(x)
     log_sine = where(fabs(r) < 1e-8, math.log(math.pi) + log(fabs(r)), log(fabs(sin(math.pi * r))))
-    reflected = math.log(math.pi) - log_sine - _lgamma_positive(1.0 - x)
-    result = where(x < 0.5, reflected, _lgamma_positive(where(x < 0.5, 1.0, x)))
+    reflected = math.log(math.pi) - log_sine - _lgamma_positive(1.0 - x, series)
+    result = where(x < 0.5, reflected, _lgamma_positive(where(x < 0.5, 1.0, x), series))
     # lgamma(1) and lgamma(2) are exactly 0 in ATen; the series leaves about 1e-15 there.
     result = where(either(x.eq(1.0), x.eq(2.0)), 0.0, result)
     pole = both(x <= 0.0, x.eq(floor(x)))
@@ -381,6 +422,338 @@ def polygamma(n: int, x: D) -> D:
         return trigamma(x)
     sign = 1.0 if n % 2 else -1.0
     return sign * math.factorial(n) * zeta(D(op.Expand(float64_constant(float(n + 1)), op.Shape(x.v))), x)
+
+
+# --- incomplete gamma functions --------------------------------------------------------------------------
+#
+# ATen's calc_igamma and calc_igammac (after SciPy's igam.c), computed the way ATen's instantiation for the
+# dtype computes them: float64 in float64; float32 in float32 with ATen's float constants and float epsilon,
+# and in double exactly where the C++ promotes to double (a double literal beside a float: 0.4 * fabs(a),
+# x > 1.1, the large-a factor, the asymptotic series' last term). Not in float64 throughout: ATen's float32
+# results carry the roundings of its float formula, which exp(a log(x) - x - lgamma(a)) magnifies (an ulp
+# of an exponent near -88 is 64 ulps of the result), and float64 arithmetic lands hundreds of ulps from them.
+# - The float path's libm calls (expf, logf, powf, log1pf, expm1f, erfcf, lgammaf) are evaluated in double
+#   and rounded once: a correctly rounded libm's results.
+# - ATen's CPU kernels are built with FMA contraction. Its vectorized loop (all elements but a contiguous
+#   tensor's last few) contracts a * log(x) - x, the Horner steps of the Lanczos sum, a * log(x) - lgamma(.)
+#   and the last - exp(.) * sum of the small-x series, the large-a factor's exponent in double, and, in
+#   calc_igammac but not in the copy calc_igamma inlines, the continued fraction's pkm1 * z - pkm2 * yc.
+#   Those are rounded once here (_fma); found by comparing an emulation with eager on this machine's build.
+# The iterative parts are ONNX Loops that run while some element has not converged, at most ATen's
+# MAXITER (2000) times (the asymptotic series' outer sum: its 25 terms), each over the elements whose
+# branch it is (gathered, and scattered back).
+
+_IGAMMA_CONSTANTS = {  # ATen's MACHEP, MAXLOG, BIG and BIGINV of each instantiation
+    ir.DataType.FLOAT: (5.9604644775390625e-8, 88.72283905206835, 16777216.0, 5.9604644775390625e-8),
+    ir.DataType.DOUBLE: (1.11022302462515654042e-16, 7.09782712893383996843e2, 4.503599627370496e15,
+                         2.22044604925031308085e-16),
+}
+_IGAMMA_MAXITER = 2000
+_BOOST_LANCZOS_G = 6.024680040776729583740234375  # a float: the same in both instantiations
+_EXP1 = 2.718281828459045
+_PI_FLOAT = float(np.float32(math.pi))  # c10::pi<float>, in the asymptotic series' double term
+
+
+def _is_float(x: D) -> bool:
+    return x.v.dtype == ir.DataType.FLOAT
+
+
+def _double(x: D) -> D:
+    return D(op.Cast(x.v, to=ir.DataType.DOUBLE)) if _is_float(x) else x
+
+
+def _rounded(x: D, like: D) -> D:
+    """A double value as ``like``'s dtype: the float path's assignment of a double expression to a float."""
+    return D(op.Cast(x.v, to=ir.DataType.FLOAT)) if _is_float(like) else x
+
+
+def _libm(function, x: D, *more: D) -> D:
+    """``function`` (written for float64) as libm's call for ``x``'s dtype: for float, its double value
+    rounded once."""
+    return _rounded(function(_double(x), *(_double(m) for m in more)), x)
+
+
+def _lgamma(x: D) -> D:
+    """lgammaf or lgamma: a float32 result is rounded from Lanczos's double (the series cost more, change nothing)."""
+    return _libm(functools.partial(lgamma, series=not _is_float(x)), x)
+
+
+def _pow(base: D, exponent: D) -> D:
+    return D(op.Pow(base.v, exponent.v))
+
+
+def _fma(a: D, b: D, c: D) -> D:
+    """``a * b + c`` rounded once: an FMA of ATen's contracted code."""
+    if _is_float(a):  # the product of two floats is exact in double
+        return _rounded(_double(a) * _double(b) + _double(c), a)
+    fused = D(fma(a.v, b.v, c.v))
+    return where(isnan(fused), a * b + c, fused)  # Dekker's product is NaN where a * b is infinite
+
+
+def expm1(x: D) -> D:
+    """exp(x) - 1 to about an ulp: below 0.5 in magnitude its Taylor series (to x^18 / 18!, 1e-22 relatively),
+    where exp(x) - 1 would cancel; exp(x) - 1 elsewhere."""
+    small = x * polevl(x, [1.0 / math.factorial(k) for k in range(18, 0, -1)])
+    return where(fabs(x) < 0.5, small, exp(x) - 1.0)
+
+
+def _filled(like: D, value: float) -> D:
+    """``value`` in the shape and dtype of ``like``."""
+    return D(op.Expand(D.of(value, like), op.Shape(like.v)))
+
+
+def _any(active) -> ir.Value:
+    """Whether some element of the boolean tensor holds (False for an empty one), as a Loop condition."""
+    largest = op.ReduceMax(op.Cast(active, to=ir.DataType.FLOAT), keepdims=0)
+    return op.Greater(largest, op.Constant(value=ir.tensor(np.float32(0.0))))
+
+
+_ROUND = 8  # steps per Loop iteration of _iterate
+
+
+def _iterate(steps: int, fixed: list[D], carried: list[D], active, step, results: int = 1) -> list[D]:
+    """``step`` until an element converges, at most ``steps`` times: ``step(*fixed, *carried)`` returns the next
+    carried values and which elements converged with them. Returns the first ``results`` carried values of
+    every element as the step it converged on left them (its initial ones where ``active`` does not hold, the
+    last step's where it never converged). 1-D values.
+
+    One Loop iteration takes _ROUND steps of every running element, unmasked (an element that converged
+    keeps stepping until the round ends; its values were kept when it converged), then drops the elements
+    that converged: masking every step costs a Where per value and step, and dropping them every step a
+    Compress per value and step, each several times an arithmetic op's price in ONNX Runtime."""
+    zero = op.Constant(value=ir.tensor(np.int64(0)))
+    index = op.Reshape(op.NonZero(active), op.Constant(value_ints=[-1]))  # where the running elements are
+
+    def body(round_, index, *state):
+        found, values = state[:results], [D(v) for v in state[results:]]
+        constants, current = values[:len(fixed)], values[len(fixed):]
+        kept = [op.Identity(current[i].v) for i in range(results)]
+        done = op.Not(op.Equal(index, index))  # all False
+        first = op.Mul(round_, op.Constant(value=ir.tensor(np.int64(_ROUND))))
+        for j in range(_ROUND):
+            current, converged = step(*constants, *current)
+            current = list(current)
+            last = op.Equal(op.Add(first, op.Constant(value=ir.tensor(np.int64(j + 1)))),
+                            op.Constant(value=ir.tensor(np.int64(steps))))
+            newly = op.And(op.Or(converged, last), op.Not(done))
+            kept = [op.Where(newly, current[i].v, k) for i, k in enumerate(kept)]
+            done = op.Or(done, newly)
+        finished = op.Compress(index, done, axis=0)
+        found = [op.ScatterElements(f, finished, op.Compress(k, done, axis=0), axis=0) for f, k in zip(found, kept)]
+        running = op.Not(done)
+        index = op.Compress(index, running, axis=0)
+        values = [op.Compress(v.v, running, axis=0) for v in (*constants, *current)]
+        return [op.Greater(op.Size(index), zero), index, *found, *values]
+
+    start = [op.Compress(v.v, active, axis=0) for v in (*fixed, *carried)]
+    rounds = -(-steps // _ROUND)
+    _, *state = loop(rounds, [index, *(c.v for c in carried[:results]), *start], body, iteration=True,
+                     condition=op.Greater(op.Size(index), zero))
+    return [D(f) for f in state[:results]]
+
+
+def _lanczos_sum_expg_scaled(a: D) -> D:
+    """Boost's Lanczos sum as ATen's ratevl evaluates it: a polynomial ratio in 1/a above 1, in a below."""
+    above = fabs(a) > 1.0
+    y = where(above, 1.0 / a, a)
+
+    def horner(coefficients):
+        def coefficient(i):
+            forward, backward = coefficients[i], coefficients[len(coefficients) - 1 - i]
+            return where(above, D.of(backward, a), D.of(forward, a)) if forward != backward else D(D.of(forward, a))
+        result = coefficient(0)
+        for i in range(1, len(coefficients)):
+            result = _fma(result, y, coefficient(i))
+        return result
+
+    return horner(C.LANCZOS_SUM_EXPG_SCALED_NUM) / horner(C.LANCZOS_SUM_EXPG_SCALED_DENOM)
+
+
+def _igam_fac(a: D, x: D) -> D:
+    """x^a e^-x / Gamma(a), ATen's _igam_helper_fac: from logarithms where x is far from a, else through the
+    Lanczos sum."""
+    maxlog = _IGAMMA_CONSTANTS[a.v.dtype][1]
+    far = _double(fabs(a - x)) > 0.4 * _double(fabs(a))
+    ax = _fma(a, _libm(log, x), -x) - _lgamma(a)
+    from_logs = where(ax < -maxlog, 0.0, _libm(exp, ax))
+    fac = a + _BOOST_LANCZOS_G - 0.5
+    res = sqrt(fac / _EXP1) / _lanczos_sum_expg_scaled(a)
+    moderate = res * (_libm(exp, a - x) * _libm(_pow, x / fac, a))
+    numfac = (x - a - _BOOST_LANCZOS_G + 0.5) / fac
+    shrink = _libm(log1p, numfac) - numfac
+    if _is_float(a):  # a float product, added in double
+        exponent = _double(a * shrink) + _double(x) * (0.5 - _BOOST_LANCZOS_G) / _double(fac)
+    else:
+        exponent = _fma(a, shrink, x * (0.5 - _BOOST_LANCZOS_G) / fac)
+    large = _rounded(_double(res) * exp(exponent), a)
+    return where(far, from_logs, where(both(a < 200.0, x < 200.0), moderate, large))
+
+
+def _igam_series(a: D, x: D) -> D:
+    """igamma's power series (DLMF 8.11.4), ATen's _igam_helper_series."""
+    machep = _IGAMMA_CONSTANTS[a.v.dtype][0]
+    ax = _igam_fac(a, x)
+
+    def step(x, ans, r, c):
+        r = r + 1.0
+        c = c * (x / r)
+        ans = ans + c
+        return (ans, r, c), c <= machep * ans
+
+    one = _filled(x, 1.0)
+    ans, = _iterate(_IGAMMA_MAXITER, [x], [one, a, one], op.Not(ax.eq(0.0)), step)
+    return where(ax.eq(0.0), 0.0, ans * ax / a)
+
+
+def _igamc_series(a: D, x: D) -> D:
+    """igammac for small x (DLMF 8.7.3), ATen's _igamc_helper_series."""
+    machep = _IGAMMA_CONSTANTS[a.v.dtype][0]
+
+    def step(a, x, total, n, fac):
+        fac = fac * (-x / n)
+        term = fac / (a + n)
+        total = total + term
+        return (total, n + 1.0, fac), fabs(term) <= machep * fabs(total)
+
+    one = _filled(x, 1.0)
+    total, = _iterate(_IGAMMA_MAXITER - 1, [a, x], [one - 1.0, one, one], one > 0.0, step)  # n = 1 .. 1999
+    logx = _libm(log, x)
+    term = -_libm(expm1, _fma(a, logx, -_lgamma(a + 1.0)))
+    return _fma(-_libm(exp, _fma(a, logx, -_lgamma(a))), total, term)
+
+
+def _igamc_continued_fraction(a: D, x: D, fused: bool) -> D:
+    """igammac's continued fraction (DLMF 8.9.2), ATen's _igamc_helper_continued_fraction."""
+    machep, _, big, biginv = _IGAMMA_CONSTANTS[a.v.dtype]
+    ax = _igam_fac(a, x)
+
+    def difference(p, z, q, yc):  # p * z - q * yc
+        return _fma(p, z, -(q * yc)) if fused else p * z - q * yc
+
+    def step(ans, c, y, z, pkm2, pkm1, qkm2, qkm1):
+        c, y, z = c + 1.0, y + 1.0, z + 2.0
+        yc = y * c
+        pk, qk = difference(pkm1, z, pkm2, yc), difference(qkm1, z, qkm2, yc)
+        nonzero = op.Not(qk.eq(0.0))
+        r = pk / qk
+        t = where(nonzero, fabs((ans - r) / r), 1.0)
+        ans = where(nonzero, r, ans)
+        scale = where(fabs(pk) > big, D(D.of(biginv, pk)), 1.0)  # a power of 2: exact either way
+        scaled = [v * scale for v in (pkm1, pk, qkm1, qk)]
+        return (ans, c, y, z, *scaled), t <= machep
+
+    y = 1.0 - a
+    z = x + y + 1.0
+    pkm1, qkm1 = x + 1.0, z * x
+    carried = [pkm1 / qkm1, _filled(x, 0.0), y, z, _filled(x, 1.0), pkm1, x, qkm1]
+    ans, = _iterate(_IGAMMA_MAXITER, [], carried, op.Not(ax.eq(0.0)), step)
+    return where(ax.eq(0.0), 0.0, ans * ax)
+
+
+def _igam_asymptotic(a: D, x: D, lower: bool) -> D:
+    """Temme's uniform asymptotic expansion for a ~ x (DLMF 8.12.3/8.12.4), ATen's
+    _igam_helper_asymptotic_series."""
+    machep = _IGAMMA_CONSTANTS[a.v.dtype][0]
+    sign = -1.0 if lower else 1.0
+    lam, sigma = x / a, (x - a) / a
+    magnitude = sqrt(-2.0 * (_libm(log1p, sigma) - sigma))
+    eta = where(lam > 1.0, magnitude, where(lam < 1.0, -magnitude, 0.0))
+    res = 0.5 * _libm(erfc, (-eta if lower else eta) * sqrt(a / 2.0))
+    etapow = [None, eta]
+    for _ in range(2, 25):
+        etapow.append(eta * etapow[-1])
+    numpy_dtype = np.float32 if _is_float(a) else np.float64
+    table = op.Constant(value=ir.tensor(np.array(C.IGAMMA_ASYMPTOTIC_D, dtype=numpy_dtype)))
+
+    def body(k, total, afac, absoldterm, running):
+        total, afac, absoldterm = D(total), D(afac), D(absoldterm)
+        row = op.Split(op.Gather(table, k, axis=0), num_outputs=25)  # d[k][0..24], each of shape [1]
+        ck, summing = D(row[0]), running
+        for n in range(1, 25):
+            ckterm = D(row[n]) * etapow[n]
+            added = ck + ckterm
+            ck = where(summing, added, ck)
+            summing = op.And(summing, op.Not(fabs(ckterm) < machep * fabs(added)))
+        term = ck * afac
+        absterm = fabs(term)
+        running = op.And(running, op.Not(absterm > absoldterm))
+        added = total + term
+        total = where(running, added, total)
+        running = op.And(running, op.Not(absterm < machep * fabs(added)))
+        absoldterm = where(running, absterm, absoldterm)
+        afac = where(running, afac / a, afac)
+        return [_any(running), total.v, afac.v, absoldterm.v, running]
+
+    start = [_filled(x, 0.0).v, _filled(x, 1.0).v, _filled(x, math.inf).v, _filled(x, 1.0) > 0.0]
+    total, *_ = loop(25, start, body, iteration=True, condition=_any(start[-1]))
+    total = D(total)
+    # sgn * exp(-0.5 * a * eta * eta) * sum / sqrt(2 * pi<float> * a), in double, added to res in double.
+    ad, etad = _double(a), _double(eta)
+    tail = sign * exp(-0.5 * ad * etad * etad) * _double(total) / _double(sqrt((2.0 * _PI_FLOAT) * a))
+    return _rounded(_double(res) + tail, a)
+
+
+def _on(mask, into: D, function, *values: D) -> D:
+    """``into`` with ``function(*values)`` at the elements where ``mask`` holds, computed on those alone (1-D)."""
+    index = op.Reshape(op.NonZero(mask), op.Constant(value_ints=[-1]))
+    result = function(*(D(op.Gather(v.v, index, axis=0)) for v in values))
+    return D(op.ScatterElements(into.v, index, result.v, axis=0))
+
+
+def igamma(a: D, x: D, upper: bool) -> D:
+    """calc_igamma (``upper`` False) or calc_igammac, elementwise on 1-D a and x of one float dtype."""
+    nan = _filled(x, math.nan)
+    # ATen's boundary values, the first that holds deciding; a NaN not decided by them gives NaN.
+    inf_a, inf_x = isinf(a), isinf(x)
+    cases = [
+        (either(x < 0.0, a < 0.0), nan),
+        (a.eq(0.0), where(x > 0.0, 0.0 if upper else 1.0, nan)),
+        (x.eq(0.0), 1.0 if upper else 0.0),
+        (inf_a, where(inf_x, nan, 1.0 if upper else 0.0)),
+        (inf_x, 0.0 if upper else 1.0),
+        (either(isnan(a), isnan(x)), nan),
+    ]
+    decided = functools.reduce(either, [c for c, _ in cases])
+    result = _first_match(nan, cases)
+    live = op.Not(decided)
+    ratio = fabs(x - a) / a
+    asymptotic = both(live, either(both(both(a > 20.0, a < 200.0), ratio < 0.3), both(a > 200.0, ratio < 4.5 / sqrt(a))))
+    live = both(live, op.Not(asymptotic))
+    result = _on(asymptotic, result, lambda a, x: _igam_asymptotic(a, x, lower=not upper), a, x)
+    above = _double(x) > 1.1
+    if upper:
+        xd, ad = _double(x), _double(a)
+        small_x = either(both(xd <= 0.5, -0.4 / _double(_libm(log, x)) < ad), both(xd > 0.5, xd * 1.1 < ad))
+        lower_series = both(live, either(both(above, x < a), both(op.Not(above), small_x)))
+        fraction = both(live, both(above, op.Not(x < a)))
+        small = both(live, both(op.Not(above), op.Not(small_x)))
+        result = _on(lower_series, result, lambda a, x: 1.0 - _igam_series(a, x), a, x)
+        result = _on(fraction, result, lambda a, x: _igamc_continued_fraction(a, x, fused=True), a, x)
+        return _on(small, result, _igamc_series, a, x)
+    complement = both(live, both(x > 1.0, x > a))
+    result = _on(both(complement, above), result, lambda a, x: 1.0 - _igamc_continued_fraction(a, x, fused=False), a, x)
+    result = _on(both(complement, op.Not(above)), result, lambda a, x: 1.0 - _igamc_series(a, x), a, x)
+    return _on(both(live, op.Not(complement)), result, _igam_series, a, x)
+
+
+def _igamma_rule(self: ir.Value, other: ir.Value, upper: bool) -> ir.Value:
+    # ATen's result dtype (a 0-d operand does not promote a dimensioned one); 16-bit floats compute in float
+    # (ATen's calc_igamma<Half> calls calc_igamma<float>), float64 in double.
+    rank = lambda v: None if v.shape is None else len(v.shape)
+    if self.dtype == other.dtype:
+        result_dtype = self.dtype
+    elif rank(self) == 0 and rank(other) not in (0, None):
+        result_dtype = other.dtype
+    elif rank(other) == 0 and rank(self) not in (0, None):
+        result_dtype = self.dtype
+    else:
+        result_dtype = ir.DataType.DOUBLE if ir.DataType.DOUBLE in (self.dtype, other.dtype) else ir.DataType.FLOAT
+    compute = ir.DataType.DOUBLE if result_dtype == ir.DataType.DOUBLE else ir.DataType.FLOAT
+    a, x = op.Cast(self, to=compute), op.Cast(other, to=compute)
+    shape = op.Shape(op.Add(a, x))  # the broadcast shape
+    a, x = (op.Reshape(op.Expand(v, shape), op.Constant(value_ints=[-1])) for v in (a, x))
+    result = op.Reshape(igamma(D(a), D(x), upper).v, shape)
+    return result if result_dtype == compute else op.Cast(result, to=result_dtype)
 
 
 # --- Bessel functions ----------------------------------------------------------------------------------
@@ -848,6 +1221,30 @@ def aten_special_zeta(self, other):
 def prims_zeta(self, other):
     """zeta(Tensor self, Tensor other) -> Tensor"""
     return _zeta_rule(self, other)
+
+
+@project_rule(aten.igamma.default)
+def aten_igamma(self, other):
+    """igamma(Tensor self, Tensor other) -> Tensor"""
+    return _igamma_rule(self, other, upper=False)
+
+
+@project_rule(prims.igamma.default)
+def prims_igamma(self, other):
+    """igamma(Tensor self, Tensor other) -> Tensor"""
+    return _igamma_rule(self, other, upper=False)
+
+
+@project_rule(aten.igammac.default)
+def aten_igammac(self, other):
+    """igammac(Tensor self, Tensor other) -> Tensor"""
+    return _igamma_rule(self, other, upper=True)
+
+
+@project_rule(prims.igammac.default)
+def prims_igammac(self, other):
+    """igammac(Tensor self, Tensor other) -> Tensor"""
+    return _igamma_rule(self, other, upper=True)
 
 
 @project_rule(aten.special_chebyshev_polynomial_t.default)
