@@ -40,3 +40,12 @@ def _scoped_user_lowerings():
 def cache_off(monkeypatch):
     """For tests that count lowerings or sessions a cache hit would skip."""
     monkeypatch.setenv("AOT2ONNX_CACHE_DIR", "off")
+
+
+@pytest.fixture
+def two_threads():
+    """torch, and so ONNX Runtime's sessions, on two threads for the test (the thread trial, races)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)

@@ -514,18 +514,20 @@ def test_the_runtime_decides_which_rewrites_edge_turns_off(exported):
         assert artifact.disabled_optimizers[graph] == disabled_optimizers(onnx.load(str(path))), graph
 
 
-def _set_disabled_optimizers(path: pathlib.Path, value: str | None) -> None:
+def set_metadata(path: pathlib.Path, key: str, value: str | None) -> None:
+    """Rewrites the model at ``path`` with its metadata entry ``key`` set to ``value`` (None: no such entry), as
+    a model exported before the entry existed, or a hostile one, would have it."""
     model = onnx.load(str(path))
-    kept = [p for p in model.metadata_props if p.key != edge.DISABLED_OPTIMIZERS_KEY]
+    kept = [p for p in model.metadata_props if p.key != key]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
     if value is not None:
-        model.metadata_props.add(key=edge.DISABLED_OPTIMIZERS_KEY, value=value)
+        model.metadata_props.add(key=key, value=value)
     path.write_bytes(model.SerializeToString())
 
 
 def test_a_model_exported_before_the_rewrites_were_recorded_turns_off_every_one(artifact_copy, exported):
-    _set_disabled_optimizers(artifact_copy / "forward.onnx", None)
+    set_metadata(artifact_copy / "forward.onnx", edge.DISABLED_OPTIMIZERS_KEY, None)
     artifact = edge.open_artifact(artifact_copy)
     assert artifact.disabled_optimizers["forward"] == ["NoopElimination", "ExpandElimination"]
     assert artifact.disabled_optimizers["backward"] == ["NoopElimination"]
@@ -535,16 +537,16 @@ def test_a_model_exported_before_the_rewrites_were_recorded_turns_off_every_one(
 
 
 def test_refuses_rewrite_names_that_are_not_names(artifact_copy):
-    _set_disabled_optimizers(artifact_copy / "forward.onnx", "NoopElimination;rm -rf")
+    set_metadata(artifact_copy / "forward.onnx", edge.DISABLED_OPTIMIZERS_KEY, "NoopElimination;rm -rf")
     with pytest.raises(edge.ArtifactError, match="not a comma-separated list"):
         edge.open_artifact(artifact_copy)
 
 
 def test_the_runtime_decides_which_models_edge_runs_on_one_thread(exported):
     """An embedding's gradient is a ScatterND adding rows, which ONNX Runtime's CPU kernel gets wrong on more
-    than one thread (runtime/session.py, serial_nodes): the exporter names those nodes in the model, and the
+    than one thread (runtime/rewrites.py, serial_nodes): the exporter names those nodes in the model, and the
     trainer runs that model's session on one thread, the others on the threads asked for."""
-    from aot2onnx.runtime.session import serial_nodes
+    from aot2onnx.runtime.rewrites import serial_nodes
 
     art = exported("embedding_layernorm", "sgd")
     artifact = edge.open_artifact(art.out_dir)
@@ -560,12 +562,7 @@ def test_the_runtime_decides_which_models_edge_runs_on_one_thread(exported):
 
 
 def test_a_model_exported_before_its_one_thread_nodes_were_recorded_runs_on_one_thread(artifact_copy):
-    model_path = artifact_copy / "forward.onnx"
-    model = onnx.load(str(model_path))
-    kept = [p for p in model.metadata_props if p.key != edge.ONE_THREAD_KEY]
-    del model.metadata_props[:]
-    model.metadata_props.extend(kept)
-    model_path.write_bytes(model.SerializeToString())
+    set_metadata(artifact_copy / "forward.onnx", edge.ONE_THREAD_KEY, None)
     artifact = edge.open_artifact(artifact_copy)
     assert artifact.one_thread["forward"] and not artifact.one_thread["backward"]
 

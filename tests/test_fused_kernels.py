@@ -280,14 +280,6 @@ def test_kernels_build_id_and_backend_registry():
     assert not backend_module._uses_fused_kernels(torch.device("cpu"), aot2onnx.Options(fused_kernels=False))
 
 
-@pytest.fixture
-def two_threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _embedding_steps(embedding: torch.nn.Embedding, tokens: torch.Tensor, upstream: torch.Tensor, options: dict,
                      steps: int = 4) -> None:
     """``steps`` training steps' gradients, compiled with ``options``, each eager's bit for bit."""

@@ -26,7 +26,6 @@ import sys
 from collections.abc import Callable
 
 import numpy as np
-import onnx
 import pytest
 import safetensors
 import safetensors.numpy
@@ -40,7 +39,7 @@ from aot2onnx.artifact.optim import WarmupLinear
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from artifact_refusals import ACCEPTED, REFUSALS, prepare  # noqa: E402
-from test_export import ATOL, RTOL, WithLoss  # noqa: E402  (the Python reader's tolerances)
+from test_export import ATOL, RTOL, WithLoss, set_metadata  # noqa: E402  (the Python reader's tolerances)
 from test_training_parity import SmallCNN  # noqa: E402
 
 ROOT = pathlib.Path(__file__).parents[1]
@@ -293,16 +292,6 @@ def test_node_cli_resumes_from_its_saved_state(exported, tmp_path):
     _assert_matches(trained, art.eager, "node, resumed, vs eager")
 
 
-def _set_disabled_optimizers(path: pathlib.Path, value: str | None) -> None:
-    model = onnx.load(str(path))
-    kept = [p for p in model.metadata_props if p.key != edge.DISABLED_OPTIMIZERS_KEY]
-    del model.metadata_props[:]
-    model.metadata_props.extend(kept)
-    if value is not None:
-        model.metadata_props.add(key=edge.DISABLED_OPTIMIZERS_KEY, value=value)
-    path.write_bytes(model.SerializeToString())
-
-
 @needs_node
 def test_node_turns_off_the_rewrites_each_model_names(exported, tmp_path):
     """A model without the entry (exported before it existed) runs with both rewrites off and trains as with it;
@@ -311,11 +300,11 @@ def test_node_turns_off_the_rewrites_each_model_names(exported, tmp_path):
     legacy = tmp_path / "legacy"
     shutil.copytree(art.out_dir, legacy)
     for graph in ("forward", "backward", "optimizer"):
-        _set_disabled_optimizers(legacy / f"{graph}.onnx", None)
+        set_metadata(legacy / f"{graph}.onnx", edge.DISABLED_OPTIMIZERS_KEY, None)
     run = _node("js/cli.mjs", str(legacy), "--data", str(art.data), "--steps", "2", "--out", str(tmp_path / "s"))
     assert run.returncode == 0, run.stderr
     assert _read_lines(run.stdout) == pytest.approx(art.python.losses[:2], rel=RTOL, abs=ATOL)
-    _set_disabled_optimizers(legacy / "forward.onnx", "NoopElimination;x")
+    set_metadata(legacy / "forward.onnx", edge.DISABLED_OPTIMIZERS_KEY, "NoopElimination;x")
     run = _node("js/cli.mjs", str(legacy), "--data", str(art.data), "--steps", "1", "--out", str(tmp_path / "s"))
     assert run.returncode == 1 and "not a comma-separated list of ONNX Runtime rewrite names" in run.stderr
 

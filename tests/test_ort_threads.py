@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from aot2onnx.runtime.session import serial_nodes
+from aot2onnx.runtime.rewrites import serial_nodes
 
 ROWS, COLS, UPDATES = 512, 256, 4096  # 1M updates into 128K places: each place hit 8 times on average
 

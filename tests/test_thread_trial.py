@@ -12,17 +12,9 @@ import torch
 import torch.nn as nn
 
 import aot2onnx
-from aot2onnx.runtime import session
+from aot2onnx.runtime import rewrites, session
 
 STEPS = session._TRIAL_WARMUP + 2 * session._TRIAL_RUNS + 3  # past the trial's end
-
-
-@pytest.fixture
-def two_threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _train(model: nn.Module, compiled, steps: int, dropout_seed: int | None = None) -> list[float]:
@@ -167,4 +159,4 @@ def test_serial_nodes_names_the_reducing_scatters_only():
          helper.make_tensor_value_info("idx", TensorProto.INT64, [3, 1]),
          helper.make_tensor_value_info("upd", TensorProto.FLOAT, [3, 2])],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 2]) for n in ("plain", "none", "adds", "maxes")])
-    assert sorted(session.serial_nodes(helper.make_model(graph))) == ["adds", "maxes"]
+    assert sorted(rewrites.serial_nodes(helper.make_model(graph))) == ["adds", "maxes"]

@@ -48,7 +48,7 @@ GRAPH_KEY = "aot2onnx.graph"  # each model's metadata_props entry naming it: for
 # as this file, copied alone, cannot ask.
 DISABLED_OPTIMIZERS_KEY = "aot2onnx.ort_disabled_optimizers"
 # Each model's metadata_props entry naming its nodes that ONNX Runtime's CPU provider computes wrongly on more
-# than one thread (ScatterND with a reduction: threads adding to one row lose updates; aot2onnx/runtime/session.py,
+# than one thread (ScatterND with a reduction: threads adding to one row lose updates; aot2onnx/runtime/rewrites.py,
 # serial_nodes), comma-separated; a model with any runs on one thread. A model exported before the entry
 # existed runs on one thread too: nothing tells whether it has such a node.
 ONE_THREAD_KEY = "aot2onnx.ort_one_thread_nodes"

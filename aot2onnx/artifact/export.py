@@ -43,8 +43,7 @@ from aot2onnx.lower.translate import lower_graph
 from aot2onnx.options import DEFAULT_OPSET
 from aot2onnx.runtime.dtypes import TORCH_TO_ONNX
 from aot2onnx.runtime.kernels import check_target_opset, require_runnable
-from aot2onnx.runtime.rewrites import disabled_optimizers
-from aot2onnx.runtime.session import serial_nodes
+from aot2onnx.runtime.rewrites import disabled_optimizers, serial_nodes
 from aot2onnx.signature import GraphKind, InputKind, LoweredGraph, OutputKind
 
 __all__ = ["TrainingArtifact", "export_training", "forward_input_names"]

@@ -34,6 +34,7 @@ import torch
 
 from aot2onnx.options import Options
 from aot2onnx.runtime.dtypes import ONNX_TO_TORCH
+from aot2onnx.runtime.rewrites import model_nodes
 
 __all__ = [
     "GraphedRuns", "constant_outputs", "end_failed_capture", "foreach_copy", "graph_op_types", "precision_settings",
@@ -48,17 +49,7 @@ _CUDNN_OPS = frozenset({"Conv", "ConvTranspose", "LSTM", "GRU", "RNN"})
 
 def graph_op_types(model: onnx.ModelProto) -> frozenset[str]:
     """Every op type of ``model``: its graph, its functions and their subgraphs."""
-    found: set[str] = set()
-    graphs = [model.graph, *model.functions]
-    while graphs:
-        graph = graphs.pop()
-        for node in graph.node:
-            found.add(node.op_type)
-            for attribute in node.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:
-                    graphs.append(attribute.g)
-                graphs.extend(attribute.graphs)
-    return frozenset(found)
+    return frozenset(node.op_type for node in model_nodes(model))
 
 
 def precision_settings() -> tuple[bool, bool]:

@@ -1,18 +1,49 @@
-"""ONNX Runtime's graph rewrites that aot2onnx turns off, and why: the one place this is decided.
+"""What ONNX Runtime would compute wrongly in a model, and what aot2onnx does about it: the graph rewrites it
+turns off (:func:`disabled_optimizers`) and the nodes that make a session run on one thread
+(:func:`serial_nodes`); the one place this is decided.
 
 The compile backend's sessions (runtime/session.py) and ``aot2onnx.load`` ask :func:`disabled_optimizers` of
 each model they open. The torch-free trainer (artifact/edge.py) is copied to devices alone and imports nothing
 of aot2onnx, so it cannot ask: the exporter asks for it, for each model of the artifact, and records the answer
 in the model (metadata ``aot2onnx.ort_disabled_optimizers``, docs/artifact-format.md), which the trainer passes
-to ONNX Runtime as it is.
+to ONNX Runtime as it is; likewise :func:`serial_nodes` (``aot2onnx.ort_one_thread_nodes``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import onnx
 import onnx.numpy_helper
 
-__all__ = ["disabled_optimizers"]
+__all__ = ["disabled_optimizers", "model_nodes", "serial_nodes"]
+
+
+def model_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """Every node of ``model``: its graph's, its functions', and those of their subgraphs (If and Loop
+    bodies)."""
+    graphs: list = [model.graph, *model.functions]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            yield node
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    graphs.append(attribute.g)
+                graphs.extend(attribute.graphs)
+
+
+def serial_nodes(model: onnx.ModelProto) -> list[str]:
+    """The nodes of ``model`` that ONNX Runtime's CPU provider computes wrongly on more than one thread:
+    ScatterND with a reduction, whose kernel splits the updates among the pool's threads, so that two threads
+    adding to one index lose one's update when indices repeat (an embedding's or index_add's gradient; measured
+    with onnxruntime 1.32 on 2 threads: 2.8 off in a sum of 8192 x 768 updates into 4096 rows, a different
+    result from run to run; onnxruntime#18048). A session of such a graph runs on one thread."""
+    return [
+        node.name or node.output[0] for node in model_nodes(model)
+        if node.domain in ("", "ai.onnx") and node.op_type == "ScatterND"
+        and any(a.name == "reduction" and a.s not in (b"", b"none") for a in node.attribute)
+    ]
 
 
 def disabled_optimizers(model: onnx.ModelProto) -> list[str]:

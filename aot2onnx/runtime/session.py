@@ -30,7 +30,7 @@ from aot2onnx.runtime.nchwc import rewrite_convolutions
 from aot2onnx.runtime.one_call import OneCallRun
 from aot2onnx.runtime.one_call import refusal as one_call_refusal
 from aot2onnx.runtime.precision import compute_in_float
-from aot2onnx.runtime.rewrites import disabled_optimizers
+from aot2onnx.runtime.rewrites import disabled_optimizers, model_nodes, serial_nodes
 from aot2onnx.signature import (
     CHECK_LINALG,
     CHECK_NEGATIVE_INDEX,
@@ -336,25 +336,6 @@ class _Runner:
         return _Runner(session, c_binding(session), c_run_with_iobinding(session), {})
 
 
-def serial_nodes(model: onnx.ModelProto) -> list[str]:
-    """The nodes of ``model`` that ONNX Runtime's CPU provider computes wrongly on more than one thread:
-    ScatterND with a reduction, whose kernel splits the updates among the pool's threads, so that two threads
-    adding to one index lose one's update when indices repeat (an embedding's or index_add's gradient; measured
-    with onnxruntime 1.32 on 2 threads: 2.8 off in a sum of 8192 x 768 updates into 4096 rows, a different
-    result from run to run; onnxruntime#18048). A session of such a graph runs on one thread."""
-    found: list[str] = []
-    graphs = [model.graph, *(f for f in model.functions)]
-    while graphs:
-        graph = graphs.pop()
-        for node in graph.node:
-            if node.domain in ("", "ai.onnx") and node.op_type == "ScatterND" and any(
-                    a.name == "reduction" and a.s not in (b"", b"none") for a in node.attribute):
-                found.append(node.name or node.output[0])
-            graphs += [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
-            graphs += [g for a in node.attribute for g in a.graphs]
-    return found
-
-
 def _thread_trial_applies(model: onnx.ModelProto, options: Options, providers: list[Any],
                           sess_options: ort.SessionOptions) -> bool:
     if options.intra_op_num_threads or sess_options.intra_op_num_threads <= 1:
@@ -365,14 +346,7 @@ def _thread_trial_applies(model: onnx.ModelProto, options: Options, providers: l
         return False
     if providers != ["CPUExecutionProvider"]:
         return False
-    graphs = [model.graph, *(f for f in model.functions)]
-    while graphs:
-        graph = graphs.pop()
-        for node in graph.node:
-            if node.domain in ("", "ai.onnx") and node.op_type in RANDOM_OPS:
-                return False
-            graphs += [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
-    return True
+    return not any(node.domain in ("", "ai.onnx") and node.op_type in RANDOM_OPS for node in model_nodes(model))
 
 
 class OrtGraph:

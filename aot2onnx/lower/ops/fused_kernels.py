@@ -2,7 +2,7 @@
 run on ONNX Runtime's buffers), where the standard lowering spells them as chains of ONNX nodes, or where
 AOTAutograd decomposes them for want of a rule: a ReLU gradient (LessOrEqual, Where), a softmax gradient
 (Mul, ReduceSum, Sub, Mul), a layer norm's backward (two dozen nodes), an embedding's gradient (a ScatterND
-with reduction="add", which runs its graph on one thread: ``runtime/session.py``'s ``serial_nodes``). One node,
+with reduction="add", which runs its graph on one thread: ``runtime/rewrites.py``'s ``serial_nodes``). One node,
 eager's values bit for bit.
 
 Only in :func:`aot2onnx.lower.registry.fused_registry`, which the compile backend uses for CPU graphs where the
