@@ -10,7 +10,8 @@
 #                                                                                                timeout_s 330
 #   5. no carry:                PYTHONPATH=/tmp/site bash scripts/gpu_check.sh tests-memory      timeout_s 280
 # Stage seconds can be set: BENCH_BUDGET (new measurements start until then), TESTS_SECONDS, MEMORY_BUDGET;
-# TESTS_K selects tests (pytest's -k).
+# TESTS_K selects tests (pytest's -k); BENCH_MODELS, BENCH_CONTENDERS and PROFILE_MODELS the bench's models,
+# contenders and the models profiled (kernels, copies and host waits per step).
 # Every stage writes its log and JSON under $OUT (or /tmp/gpu-check) as it goes, so a stage stopped at its
 # limit still returns what it measured.
 set -u
@@ -39,7 +40,8 @@ PY
   # aot2onnx's default and its two speed levers against eager, models in the order of the targets.
   timeout $(( ${BENCH_BUDGET:-210} + 80 )) python3 -m aot2onnx bench --device cuda --budget ${BENCH_BUDGET:-210} \
     --models ${BENCH_MODELS:-gpt-d256,mlp,cnn,gpt-d768,mobilenet,bert,gpt2-small} \
-    --contenders eager,aot2onnx,aot2onnx-cuda-graphs,aot2onnx-session-arenas --memory-models "" \
+    --contenders ${BENCH_CONTENDERS:-eager,aot2onnx,aot2onnx-cuda-graphs} --memory-models "" \
+    --profile-models ${PROFILE_MODELS:-gpt-d256,cnn} \
     --json "$out/bench.json" --out "$out/BENCHMARKS.md" ${BENCH_ARGS:-} 2>&1 | quiet | tee "$out/bench.log"
   ;;
 tests-memory)
@@ -50,7 +52,7 @@ tests-memory)
   grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|^E  " "$out/tests.log" | cut -c1-400 | tail -40
   timeout $(( ${MEMORY_BUDGET:-100} + 70 )) python3 -m aot2onnx bench --device cuda --models gpt2-small --no-parity \
     --contenders "" --precisions "" --budget ${MEMORY_BUDGET:-100} --timeout 65 \
-    --memory-models gpt2-small --memory-contenders eager,aot2onnx,aot2onnx-cuda-graphs,aot2onnx-session-arenas \
+    --memory-models gpt2-small --memory-contenders ${MEMORY_CONTENDERS:-eager,aot2onnx,aot2onnx-cuda-graphs} \
     --json "$out/memory.json" --out "$out/memory.md" 2>&1 | quiet | tee "$out/memory.log"
   ;;
 *)

@@ -165,6 +165,61 @@ def _time(runners: dict[str, Callable[[], None]], rounds: int, steps: int, log: 
     return {name: statistics.median(b) for name, b in blocks.items()}
 
 
+_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+          "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize")
+
+
+def profile_steps(step: Callable[[], None], steps: int) -> dict[str, Any]:
+    """Where ``steps`` warm training steps spend their time (``torch.profiler`` with CUDA activity, which sees
+    ONNX Runtime's kernels too): per step, the wall time, kernels launched and their summed and overlapped
+    device time, copies by direction, CUDA-graph launches, and the host waits for the device (synchronize
+    calls and synchronous ``cudaMemcpy``); the kernels that take the most device time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        _sync()
+        wall = time.perf_counter() - start
+    events = prof.events()
+    device = [e for e in events if e.device_type == DeviceType.CUDA]
+    kernels = [e for e in device if not e.name.startswith(("Memcpy", "Memset"))]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:  # the union of the kernels' intervals
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    copies: dict[str, int] = {}
+    for e in device:
+        if e.name.startswith("Memcpy"):
+            kind = e.name.split()[1]  # DtoH, HtoD, DtoD
+            copies[kind] = copies.get(kind, 0) + 1
+    api: dict[str, int] = {}
+    for e in events:
+        if e.device_type == DeviceType.CPU and (e.name in _SYNCS or e.name in ("cudaGraphLaunch", "cuGraphLaunch")):
+            api[e.name] = api.get(e.name, 0) + 1
+    top: dict[str, list[float]] = {}
+    for e in kernels:
+        t = top.setdefault(e.name[:90], [0, 0.0])
+        t[0] += 1
+        t[1] += e.time_range.elapsed_us()
+    per = 1 / steps
+    return {
+        "wall_ms": wall * 1e3 * per, "kernels": len(kernels) * per,
+        "kernel_ms": sum(e.time_range.elapsed_us() for e in kernels) / 1e3 * per, "busy_ms": busy / 1e3 * per,
+        "copies": {k: v * per for k, v in sorted(copies.items())},
+        "waits": sum(v for k, v in api.items() if k in _SYNCS) * per,
+        "graph_launches": sum(v for k, v in api.items() if "GraphLaunch" in k) * per,
+        "api": {k: v * per for k, v in sorted(api.items())},
+        "top_kernels": [{"name": n, "calls": c * per, "ms": t / 1e3 * per}
+                        for n, (c, t) in sorted(top.items(), key=lambda kv: -kv[1][1])[:12]],
+    }
+
+
 def _device_used() -> int:
     free, total = torch.cuda.mem_get_info()
     return total - free
@@ -275,6 +330,15 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
                     entry.setdefault("errors", {})[f"{contender}/{precision}"] = f"{type(e).__name__}: {str(e)[:300]}"
             for contender, ms in _time(runners, args.rounds, args.steps, log).items():
                 entry["ms"][f"{contender}/{precision}"] = ms
+            if model_name in args.profile_models and precision == args.precisions[0]:
+                for contender, step in runners.items():
+                    try:
+                        profiled = profile_steps(step, args.profile_steps)
+                    except Exception as e:  # the profiler failing leaves the timings
+                        profiled = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                    entry.setdefault("profile", {})[f"{contender}/{precision}"] = profiled
+                    log(f"{model_name} {contender}/{precision} profile: "
+                        + json.dumps({k: v for k, v in profiled.items() if k != "top_kernels"}, default=str))
             first = entry.get("first_step_s", {})
             log(f"{model_name} {precision}: " + ", ".join(
                 f"{c} {entry['ms'].get(f'{c}/{precision}') or float('nan'):.2f} ms"
@@ -343,6 +407,21 @@ def render_section(results: dict[str, Any]) -> str:
                 step_ms = f"{v['step_ms']:.1f}" if v.get("step_ms") else ""
                 lines.append(f"| {name} | {contender} | {v['device_gib']:.2f} | {v['torch_peak_gib']:.2f} | "
                              f"{v['first_step_s']:.1f} | {step_ms} |")
+    profile_rows = [(n, k, v) for n, m in results["models"].items() for k, v in m.get("profile", {}).items()]
+    if profile_rows:
+        lines += ["", "Where a step's time goes (`torch.profiler` over warm steps, per step; busy: the kernels' "
+                  "overlapped device time; waits: host waits for the device, synchronize calls and synchronous "
+                  "copies):", "",
+                  "| model | contender | wall ms | kernels | kernel ms | busy ms | DtoH | HtoD | DtoD | waits | graph launches |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for name, key, v in profile_rows:
+            if "error" in v:
+                lines.append(f"| {name} | {key} | failed: {v['error']} | | | | | | | | |")
+                continue
+            c = v["copies"]
+            lines.append(f"| {name} | {key} | {v['wall_ms']:.2f} | {v['kernels']:.0f} | {v['kernel_ms']:.2f} | "
+                         f"{v['busy_ms']:.2f} | {c.get('DtoH', 0):.0f} | {c.get('HtoD', 0):.0f} | {c.get('DtoD', 0):.0f} | "
+                         f"{v['waits']:.0f} | {v['graph_launches']:.0f} |")
     errors = [(n, k, e) for n, m in results["models"].items() for k, e in m.get("errors", {}).items()]
     errors += [(n, "parity", m["parity"]["message"].splitlines()[0]) for n, m in results["models"].items()
                if m.get("parity") and not m["parity"].get("ok")]
@@ -385,6 +464,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=4, help="untimed steps (CUDA graphs are captured in these)")
     p.add_argument("--parity", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--parity-steps", type=int, default=5)
+    p.add_argument("--profile-models", default="", help="comma-separated models whose contenders are also profiled "
+                   "(torch.profiler, first precision): kernels, copies and host waits per step")
+    p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--memory-models", default="gpt2-small")
     p.add_argument("--memory-contenders", default="eager,aot2onnx,aot2onnx-shared-arena,aot2onnx-session-arenas")
     p.add_argument("--memory-steps", type=int, default=8)
@@ -400,6 +482,7 @@ def main(argv: Sequence[str]) -> int:
     split = lambda s: [v.strip() for v in s.split(",") if v.strip()]  # noqa: E731
     args.models, args.contenders, args.precisions = split(args.models), split(args.contenders), split(args.precisions)
     args.memory_models, args.memory_contenders = split(args.memory_models), split(args.memory_contenders)
+    args.profile_models = split(args.profile_models)
     unknown = [m for m in args.models if m not in CUDA_MODELS] + [c for c in args.contenders if c not in CUDA_CONTENDERS]
     unknown += [p for p in args.precisions if p not in PRECISIONS]
     if unknown:
