@@ -50,6 +50,9 @@ tests-memory)
   timeout ${TESTS_SECONDS:-120} python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py -rfEs \
     --timeout 60 "${select[@]}" 2>&1 | quiet > "$out/tests.log"
   grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|^E  " "$out/tests.log" | cut -c1-400 | tail -40
+  # run-to-run drift against drift from eager, on the CNN (cuDNN's heuristics, then its benchmark)
+  timeout ${DRIFT_SECONDS:-60} python3 scripts/cuda_drift.py cnn 8 2>&1 | quiet | tee "$out/drift.log" | tail -10
+  DRIFT_BENCHMARK=1 timeout ${DRIFT_SECONDS:-60} python3 scripts/cuda_drift.py cnn 8 2>&1 | quiet | tee -a "$out/drift.log" | tail -10
   timeout $(( ${MEMORY_BUDGET:-100} + 70 )) python3 -m aot2onnx bench --device cuda --models gpt2-small --no-parity \
     --contenders "" --precisions "" --budget ${MEMORY_BUDGET:-100} --timeout 65 \
     --memory-models gpt2-small --memory-contenders ${MEMORY_CONTENDERS:-eager,aot2onnx,aot2onnx-cuda-graphs} \

@@ -60,6 +60,30 @@ def test_trains_as_eager_on_cuda(name, cuda_graphs):
     assert all(not g.tf32 for g in graphs)
 
 
+def test_runs_on_another_stream_as_eager():
+    """A session made on the default stream, run under another current stream (its runs no longer wait for the
+    device at their end): the loss and gradients as eager's."""
+    model, x, y, loss_fn = _batch("mlp")
+    model = model.cuda()
+    compiled = torch.compile(model, backend=aot2onnx.backend(cache=False))
+    loss_fn(compiled(x), y).backward()  # the sessions are made here, on the default stream
+    model.zero_grad()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x2 = x * 2  # made on the side stream, read by the session's run
+        loss = loss_fn(compiled(x2), y)
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad()
+    expected = loss_fn(model(x2), y)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    for got, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_replays_follow_new_batches_and_moved_parameters():
     """A replayed graph reads this call's values: new batches each step, and a parameter replaced by a tensor
     elsewhere (the graph is captured anew)."""

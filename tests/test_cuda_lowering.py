@@ -223,7 +223,8 @@ def test_provider_options_carry_precision_stream_and_memory(monkeypatch):
     monkeypatch.setattr(cuda, "_preloaded", True)
     device = torch.device("cuda", 0)
     plain = cuda.provider_options(device, Options(cuda_memory="session"), tf32=False, cuda_graph=False)
-    assert plain == {"device_id": "0", "user_compute_stream": "12345", "use_tf32": "0"}
+    assert plain == {"device_id": "0", "user_compute_stream": "12345", "use_tf32": "0",
+                     "cudnn_conv_algo_search": "HEURISTIC"}
     shared = cuda.provider_options(device, Options(cuda_memory="shared"), tf32=False, cuda_graph=False)
     assert shared["arena_extend_strategy"] == "kSameAsRequested"
     torch_pool = cuda.provider_options(device, Options(), tf32=True, cuda_graph=False)  # the default
@@ -234,10 +235,41 @@ def test_provider_options_carry_precision_stream_and_memory(monkeypatch):
     # its intermediate values, which torch's pool or a shared arena would hand to other tensors.
     for memory in ("torch", "shared", "session"):
         graphed = cuda.provider_options(device, Options(cuda_memory=memory), tf32=False, cuda_graph=True)
-        assert graphed == {"device_id": "0", "user_compute_stream": "12345", "use_tf32": "0", "enable_cuda_graph": "1"}
+        assert graphed == {"device_id": "0", "user_compute_stream": "12345", "use_tf32": "0", "enable_cuda_graph": "1",
+                           "cudnn_conv_algo_search": "HEURISTIC"}
         assert cuda.session_memory(Options(cuda_memory=memory), True) == "session"
     with pytest.raises(ValueError, match="cuda_memory"):
         Options(cuda_memory="pool")
+
+
+def test_sessions_follow_torchs_algorithm_switches(monkeypatch):
+    """cuDNN's algorithm as torch chooses it (heuristics unless benchmark is on), deterministic compute where
+    torch asks for deterministic algorithms, and CUDA runs without ONNX Runtime's wait at their end."""
+    class Stream:
+        cuda_stream = 1
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index=None: Stream())
+    monkeypatch.setattr(cuda, "_preloaded", True)
+    device = torch.device("cuda", 0)
+    assert cuda.algorithm_settings() == (False, False)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    search = cuda.provider_options(device, Options(cuda_memory="session"), tf32=False, cuda_graph=False)
+    assert search["cudnn_conv_algo_search"] == "EXHAUSTIVE"
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    assert cuda.algorithm_settings() == (True, True)
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert cuda.algorithm_settings()[1] is True
+    finally:
+        torch.use_deterministic_algorithms(before)
+    from aot2onnx.runtime.session import session_options
+    assert session_options(Options(), deterministic=True).use_deterministic_compute
+    assert not session_options(Options()).use_deterministic_compute
+    for run in (cuda.run_options(), cuda.run_options(gpu_graph_id="-1")):
+        assert run.get_run_config_entry("disable_synchronize_execution_providers") == "1"
+    assert cuda.run_options(gpu_graph_id="2").get_run_config_entry("gpu_graph_id") == "2"
 
 
 def _model(inputs: dict[str, list], outputs: dict[str, list], nodes=(), dtype=onnx.TensorProto.FLOAT) -> onnx.ModelProto:
@@ -478,3 +510,28 @@ def test_truth_reductions_run_on_cuda_with_the_cpu_lowerings_values(fn, monkeypa
     expected = fn(x)
     for result in results.values():
         assert result.dtype == expected.dtype and torch.equal(result, expected)
+
+
+def test_stream_order_waits_only_where_streams_differ(monkeypatch):
+    """A plain CUDA session's runs stay on its stream; under another current stream each waits for the other's
+    work (events, no host wait)."""
+    waits = []
+
+    class Stream:
+        def __init__(self, handle):
+            self.cuda_stream = handle
+
+        def wait_stream(self, other):
+            waits.append((self.cuda_stream, other.cuda_stream))
+
+    session_stream, current = Stream(1), Stream(1)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    order = cuda.StreamOrder(torch.device("cuda", 0), session_stream)
+    assert order.before_run() is None
+    cuda.StreamOrder.after_run(None, session_stream)
+    assert waits == []
+    current = Stream(2)
+    other = order.before_run()
+    assert other is current and waits == [(1, 2)]
+    cuda.StreamOrder.after_run(other, session_stream)
+    assert waits == [(1, 2), (2, 1)]

@@ -16,6 +16,14 @@ graphs replayed as CUDA graphs.
   (fp32, AdamW) held 7.37 GiB with ``"torch"``, 8.26 with ``"shared"`` and 9.46 with ``"session"`` (eager 5.11),
   at the same step time within 5%. A session replayed as a CUDA graph keeps an arena of its own whatever the
   option says (:func:`session_memory`).
+- **Algorithms.** ONNX Runtime picks a convolution's cuDNN algorithm by timing every one of them (its
+  default, ``EXHAUSTIVE``); torch asks cuDNN's heuristics unless ``torch.backends.cudnn.benchmark`` is set, and
+  so do aot2onnx's sessions (``HEURISTIC``): the same algorithm as eager where cuDNN's heuristics decide, and no
+  timing at the first run. ``torch.use_deterministic_algorithms(True)`` or ``torch.backends.cudnn.deterministic``
+  turns on ONNX Runtime's deterministic compute (:func:`algorithm_settings`).
+- **No wait at the end of a run** (:func:`run_options`): ONNX Runtime synchronizes the device with the host at
+  the end of every run unless told not to. Its outputs are read on the same stream, so the wait only kept the
+  host from queueing the next work while the device computed: two waits a training step.
 - **CUDA graphs** (:class:`GraphedRuns`): a graph with static shapes and no random ops is captured once and
   replayed, its inputs and outputs at fixed addresses.
 """
@@ -37,8 +45,8 @@ from aot2onnx.runtime.dtypes import ONNX_TO_TORCH
 from aot2onnx.runtime.rewrites import model_nodes
 
 __all__ = [
-    "GraphedRuns", "constant_outputs", "end_failed_capture", "foreach_copy", "graph_op_types", "precision_settings",
-    "provider_options", "session_memory", "tf32_allowed",
+    "GraphedRuns", "StreamOrder", "algorithm_settings", "constant_outputs", "end_failed_capture", "foreach_copy", "graph_op_types",
+    "precision_settings", "provider_options", "run_options", "session_memory", "tf32_allowed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -56,6 +64,14 @@ def precision_settings() -> tuple[bool, bool]:
     """torch's TF32 switches now: (matrix products, cuDNN). ``torch.set_float32_matmul_precision("high")``
     and ``torch.backends.cuda.matmul.fp32_precision = "tf32"`` set the first."""
     return bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.allow_tf32)
+
+
+def algorithm_settings() -> tuple[bool, bool]:
+    """torch's switches for how kernels are chosen, now: (``torch.backends.cudnn.benchmark``, deterministic:
+    ``torch.backends.cudnn.deterministic`` or ``torch.use_deterministic_algorithms(True)``). ONNX Runtime's
+    CUDA sessions follow them (:func:`provider_options`, ``runtime.session.session_options``)."""
+    deterministic = bool(torch.backends.cudnn.deterministic) or torch.are_deterministic_algorithms_enabled()
+    return bool(torch.backends.cudnn.benchmark), deterministic
 
 
 def tf32_allowed(op_types: frozenset[str], settings: tuple[bool, bool] | None = None) -> bool:
@@ -153,6 +169,8 @@ def provider_options(device: torch.device, options: Options, *, tf32: bool, cuda
     index = device.index if device.index is not None else torch.cuda.current_device()
     stream = stream if stream is not None else torch.cuda.current_stream(index)
     settings = {"device_id": str(index), "user_compute_stream": str(stream.cuda_stream), "use_tf32": str(int(tf32))}
+    benchmark, _ = algorithm_settings()
+    settings["cudnn_conv_algo_search"] = "EXHAUSTIVE" if benchmark else "HEURISTIC"
     if cuda_graph:
         settings["enable_cuda_graph"] = "1"
     memory = session_memory(options, cuda_graph)
@@ -162,6 +180,41 @@ def provider_options(device: torch.device, options: Options, *, tf32: bool, cuda
         settings["arena_extend_strategy"] = "kSameAsRequested"
         _share_arena(index)
     return settings
+
+
+def run_options(**entries: str) -> ort.RunOptions:
+    """RunOptions for a CUDA session's run (with ``entries`` added): without ONNX Runtime's wait for the device
+    at the end of the run (``disable_synchronize_execution_providers``). What reads the outputs is ordered after
+    the run on the device instead: torch's work on the session's stream, or on another stream through
+    :class:`StreamOrder`; a value the host reads (a runtime check, a size) waits in torch's copy to the host.
+    ONNX Runtime releases the host buffers its kernels used from a callback on the stream, not at the wait."""
+    options = ort.RunOptions()
+    options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+    for key, value in entries.items():
+        options.add_run_config_entry(key, value)
+    return options
+
+
+class StreamOrder:
+    """Orders a session's runs on its stream (torch's current stream when the session was made) with torch's
+    current stream at each run, where they differ: the session's stream waits for the work that made the
+    inputs, and torch's current stream for the run's outputs (events on the device, no host wait)."""
+
+    def __init__(self, device: torch.device, stream: torch.cuda.Stream) -> None:
+        self.device, self.stream = device, stream
+
+    def before_run(self) -> torch.cuda.Stream | None:
+        """The current stream where it is not the session's (after ordering the session's after it), else None."""
+        current = torch.cuda.current_stream(self.device)
+        if current.cuda_stream == self.stream.cuda_stream:
+            return None
+        self.stream.wait_stream(current)
+        return current
+
+    @staticmethod
+    def after_run(current: torch.cuda.Stream | None, stream: torch.cuda.Stream) -> None:
+        if current is not None:
+            current.wait_stream(stream)
 
 
 def session_memory(options: Options, cuda_graph: bool) -> str:
@@ -318,9 +371,8 @@ class GraphedRuns:
         self._buffers: list[torch.Tensor] = []  # per copied input, in order
         self._copied: list[int] = []  # positions of the copied inputs
         self._out: list[torch.Tensor] = []
-        self.plain_run = ort.RunOptions()
-        self.plain_run.add_run_config_entry("gpu_graph_id", "-1")
-        self.graph_run = ort.RunOptions()
+        self.plain_run = run_options(gpu_graph_id="-1")
+        self.graph_run = run_options()
 
     @property
     def ready(self) -> bool:
@@ -347,8 +399,7 @@ class GraphedRuns:
         """Binds every input and output at the address the graph will replay with, for a new capture."""
         self.captures += 1
         self.capturing = True  # until a run under this capture's id succeeds
-        self.graph_run = ort.RunOptions()
-        self.graph_run.add_run_config_entry("gpu_graph_id", str(self.captures - 1))
+        self.graph_run = run_options(gpu_graph_id=str(self.captures - 1))
         self._pinned, self._buffers, self._copied = [], [], []
         for position, (name, arg) in enumerate(zip(self.input_names, args)):
             stable = position not in self._forced and all(seen[position] == arg.data_ptr() for seen in self._seen)

@@ -154,11 +154,14 @@ def uses_fused_kernels(model: onnx.ModelProto) -> bool:
 
 
 def session_options(options: Options, intra_op_threads: int | None = None, *,
-                    fused_kernels: bool = False, env_allocators: bool = True) -> ort.SessionOptions:
+                    fused_kernels: bool = False, env_allocators: bool = True,
+                    deterministic: bool = False) -> ort.SessionOptions:
     """A session's options; with the library of aot2onnx's fused kernels for a model that has their ops.
     ``env_allocators``: the session takes its memory from the arenas registered with ONNX Runtime's environment
-    (the CPU arena all CPU sessions share; the CUDA one of ``cuda_memory="shared"``)."""
+    (the CPU arena all CPU sessions share; the CUDA one of ``cuda_memory="shared"``). ``deterministic``:
+    ONNX Runtime's deterministic compute (a CUDA session where torch asks for deterministic algorithms)."""
     so = ort.SessionOptions()
+    so.use_deterministic_compute = deterministic
     if fused_kernels:
         path = fused.library()
         if path is None:
@@ -408,11 +411,13 @@ class OrtGraph:
         self._cuda = device.type == "cuda" and options.providers is None
         self._op_types = cuda.graph_op_types(model) if self._cuda else frozenset()  # what TF32 concerns
         self._precision = cuda.precision_settings() if self._cuda else None
+        self._algorithms = cuda.algorithm_settings() if self._cuda else (False, False)
         self.tf32 = self._cuda and cuda.tf32_allowed(self._op_types, self._precision)
         self._graphed: cuda.GraphedRuns | None = None
         self._stream: torch.cuda.Stream | None = None  # a graphed session's own (cuda.GraphedRuns)
         self.cuda_graph_refusal: str | None = None  # why the graph is not replayed as a CUDA graph
         self._run_options: Any = None  # ONNX Runtime's RunOptions for a plain run (None: the defaults)
+        self._order: cuda.StreamOrder | None = None  # a plain CUDA session's stream against torch's current one
         # The run in one call (runtime.one_call) where the graph allows it, else the IOBinding below; the
         # input shapes of its last run (a change has the outputs' shapes checked).
         self._one_call: OneCallRun | None = None
@@ -483,13 +488,17 @@ class OrtGraph:
         is the shared arena (``cuda.session_memory``), never where it is torch's or its own."""
         env = not self._cuda or cuda.session_memory(self.options, self.cuda_graph_refusal is None) == "shared"
         return session_options(self.options, 1 if self.serial else None, fused_kernels=self.fused_kernels,
-                               env_allocators=env)
+                               env_allocators=env, deterministic=self._cuda and self._algorithms[1])
 
     def _cuda_providers(self) -> list[Any]:
         """The providers of a CUDA session: on a stream of the graph's own where it is to be a CUDA graph."""
         graphed = self.cuda_graph_refusal is None
         if graphed and self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
+        # A plain session runs on torch's stream of now (provider_options), and its runs without the wait at
+        # their end (cuda.run_options): ordered with the stream that is current at each run instead.
+        self._order = None if graphed else cuda.StreamOrder(self.device, torch.cuda.current_stream(self.device))
+        self._run_options = None if graphed else cuda.run_options()
         return providers_for(self.device, self.options, cuda.provider_options(
             self.device, self.options, tf32=self.tf32, cuda_graph=graphed, stream=self._stream if graphed else None))
 
@@ -521,19 +530,21 @@ class OrtGraph:
         return session
 
     def _follow_precision(self) -> None:
-        """A new session where torch's TF32 settings changed what this graph may use (``runtime.cuda``)."""
-        settings = cuda.precision_settings()
-        if settings == self._precision:
+        """A new session where torch's TF32 settings changed what this graph may use, or its switches for how
+        kernels are chosen changed (``runtime.cuda``: benchmark, deterministic)."""
+        settings, algorithms = cuda.precision_settings(), cuda.algorithm_settings()
+        if settings == self._precision and algorithms == self._algorithms:
             return
         self._precision = settings
         tf32 = cuda.tf32_allowed(self._op_types, settings)
-        if tf32 == self.tf32 or self._session is None:
+        if (tf32 == self.tf32 and algorithms == self._algorithms) or self._session is None:
+            self._algorithms = algorithms
             return
-        logger.info("aot2onnx: graph %s gets a new session: torch's TF32 settings changed (TF32 %s)",
-                    self.name, "on" if tf32 else "off")
+        logger.info("aot2onnx: graph %s gets a new session: torch's settings changed (TF32 %s, cuDNN benchmark %s, "
+                    "deterministic %s)", self.name, "on" if tf32 else "off", *algorithms)
         with self._lock:
-            self.tf32 = tf32
-            self._graphed, self._run_options = None, None
+            self.tf32, self._algorithms = tf32, algorithms
+            self._graphed = None
             self._session = self._open(self._model_bytes, self._session_options(), self._cuda_providers(),
                                        self._disabled)
             self._binding = c_binding(self._session)
@@ -691,8 +702,11 @@ class OrtGraph:
             copied = self._bind_mutations(args, binding) if self._mutations else ()
             for check in self._checks:
                 binding.bind_output(check.onnx_name, self._ort_device)
+            order, current = self._order, None
             if graphed is not None:
                 graphed.before_run()
+            elif order is not None:
+                current = order.before_run()
             try:
                 ort_run(binding, self._run_options)
             except Exception as e:
@@ -701,6 +715,8 @@ class OrtGraph:
             finally:
                 if graphed is not None:
                     graphed.after_run()
+                elif current is not None:
+                    order.after_run(current, order.stream)
             self.runs += 1
             if not self._onnx_outputs and not copied and not self._checks:
                 return []

@@ -242,8 +242,14 @@ def measure_memory(model_name: str, contender: str, precision: str, steps: int) 
         step()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
-    return {"device_gib": (_device_used() - before) / 2**30, "torch_peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-            "first_step_s": first, "step_ms": statistics.median(times[-3:]) if times else None}
+    result = {"device_gib": (_device_used() - before) / 2**30, "torch_peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+              "first_step_s": first, "step_ms": statistics.median(times[-3:]) if times else None}
+    if CUDA_CONTENDERS[contender][0] == "aot2onnx":
+        from aot2onnx.runtime import compiled_graphs
+
+        # per graph: its CUDA-graph replays, or why it has none
+        result["graphs"] = {g.name: g.cuda_graph_replays or g.cuda_graph_refusal for g in compiled_graphs()}
+    return result
 
 
 def _memory_in_fresh_process(model_name: str, contender: str, precision: str, steps: int, timeout: float) -> dict:
