@@ -49,8 +49,12 @@ def test_trains_as_eager_on_cuda(name, cuda_graphs):
     eager's, fp32."""
     model, x, y, loss_fn = _batch(name)
     backend = aot2onnx.backend(cuda_graphs=cuda_graphs, cache=False)
+    # SGD at lr 1e-2. At assert_parity's default 0.1 the CNN's parameters were 1.2e-4 from eager's after 8 steps
+    # (its first step matching node by node): a step that large amplifies rounding. At 1e-2 scripts/cuda_drift.py
+    # measured 1.2e-7 after 8 steps (H200), and eager 6e-8 from eager run to run.
     report = assert_parity(lambda: model.cuda(), (x,), loss_fn=loss_fn, targets=[y], steps=8, backend=backend,
-                           rtol=1e-4, atol=1e-5, check_torch_ops=False)
+                           optimizer=lambda p: torch.optim.SGD(p, lr=1e-2), rtol=1e-4, atol=1e-5,
+                           check_torch_ops=False)
     graphs = [g for g in report.graphs if g.session is not None]
     replayed = [g for g in graphs if g.cuda_graph_replays > 0]
     if cuda_graphs:

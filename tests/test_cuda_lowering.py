@@ -236,7 +236,7 @@ def test_provider_options_carry_precision_stream_and_memory(monkeypatch):
     for memory in ("torch", "shared", "session"):
         graphed = cuda.provider_options(device, Options(cuda_memory=memory), tf32=False, cuda_graph=True)
         assert graphed == {"device_id": "0", "user_compute_stream": "12345", "use_tf32": "0", "enable_cuda_graph": "1",
-                           "cudnn_conv_algo_search": "HEURISTIC"}
+                           "cudnn_conv_algo_search": "HEURISTIC", "arena_extend_strategy": "kSameAsRequested"}
         assert cuda.session_memory(Options(cuda_memory=memory), True) == "session"
     with pytest.raises(ValueError, match="cuda_memory"):
         Options(cuda_memory="pool")
@@ -252,12 +252,13 @@ def test_sessions_follow_torchs_algorithm_switches(monkeypatch):
     monkeypatch.setattr(cuda, "_preloaded", True)
     device = torch.device("cuda", 0)
     assert cuda.algorithm_settings() == (False, False)
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
-    search = cuda.provider_options(device, Options(cuda_memory="session"), tf32=False, cuda_graph=False)
-    assert search["cudnn_conv_algo_search"] == "EXHAUSTIVE"
-    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
-    assert cuda.algorithm_settings() == (True, True)
-    monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
+    cudnn = torch.backends.cudnn
+    # the flags() context, as other tests may have called torch.backends.disable_global_flags()
+    with cudnn.flags(enabled=cudnn.enabled, benchmark=True, deterministic=False, allow_tf32=cudnn.allow_tf32):
+        search = cuda.provider_options(device, Options(cuda_memory="session"), tf32=False, cuda_graph=False)
+        assert search["cudnn_conv_algo_search"] == "EXHAUSTIVE"
+    with cudnn.flags(enabled=cudnn.enabled, benchmark=True, deterministic=True, allow_tf32=cudnn.allow_tf32):
+        assert cuda.algorithm_settings() == (True, True)
     before = torch.are_deterministic_algorithms_enabled()
     try:
         torch.use_deterministic_algorithms(True)

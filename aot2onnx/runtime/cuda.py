@@ -173,6 +173,9 @@ def provider_options(device: torch.device, options: Options, *, tf32: bool, cuda
     settings["cudnn_conv_algo_search"] = "EXHAUSTIVE" if benchmark else "HEURISTIC"
     if cuda_graph:
         settings["enable_cuda_graph"] = "1"
+        # Its own arena (session_memory), grown by what the capture asks, not by doubling: GPT-2 small held
+        # 15.96 GiB replayed, 7.00 not (H200), of which torch's peak was 8.87 and 5.57.
+        settings["arena_extend_strategy"] = "kSameAsRequested"
     memory = session_memory(options, cuda_graph)
     if memory == "torch":
         settings.update(_torch_allocator(index, stream))
