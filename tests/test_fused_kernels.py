@@ -106,6 +106,15 @@ CASES = [
      lambda d, s: (lambda g, x, m, r: aten.native_group_norm_backward(g, x, m, r, None, 6, 6, 8, 3,
                                                                       [True, False, False])[0],
                    _values(d, s, 0, (6, 6, 8)), *_group_norm_args(d, s, False)[:3])),
+    ("softmax_forward", "Softmax", DTYPES, lambda d, s: (lambda x: aten._softmax(x, -1, False), _values(d, s, 0))),
+    ("softmax_forward_dim0", "Softmax", DTYPES, lambda d, s: (lambda x: aten._softmax(x, 0, False), _values(d, s, 0))),
+    ("log_softmax_forward", "LogSoftmax", DTYPES,
+     lambda d, s: (lambda x: aten._log_softmax(x, -1, False), _values(d, s, 0))),
+    ("layer_norm_forward", "LayerNorm", [torch.float32, torch.float64],
+     lambda d, s: (lambda x, w, b: aten.native_layer_norm(x, [16], w, b, 1e-5),
+                   *(_layer_norm_args(d, s, True)[i] for i in (0, 3, 4)))),
+    ("layer_norm_forward_2d", "LayerNorm", [torch.float32, torch.float64],
+     lambda d, s: (lambda x: aten.native_layer_norm(x, [5, 16], None, None, 1e-3), _values(d, s, 1))),
     *(
         (f"embedding_backward_{name}", "EmbeddingDenseBackward", DTYPES,
          lambda d, s, shape=shape, padding_idx=padding_idx, by_freq=by_freq, index_dtype=index_dtype: (
@@ -336,3 +345,85 @@ def test_without_the_kernels_an_embeddings_gradient_runs_on_one_thread(two_threa
     graph = [g for g in compiled_graphs() if g.kind.value == "backward"][-1]
     assert not graph.fused_kernels and "EmbeddingDenseBackward" not in graph.op_counts
     assert graph.serial and graph.intra_op_threads == 1
+
+
+WHERE_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+                torch.int8, torch.uint8, torch.bool]
+
+
+@pytest.mark.parametrize("dtype", WHERE_DTYPES, ids=str)
+def test_where_nodes_run_as_the_fused_select_bit_for_bit(dtype):
+    """Every ONNX Where of a CPU graph (here torch.where's, broadcasting its three operands) runs as the fused
+    select: eager's values bit for bit in every dtype, NaN payloads and signed zeros included."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(6, 5, 16, generator=g) * 100).to(dtype)
+    y = (torch.randn(6, 1, 16, generator=g) * 100).to(dtype)
+    if dtype.is_floating_point:
+        x[0, 0, :3] = torch.tensor([NAN, -0.0, -INF], dtype=dtype)
+        y[1, 0, :2] = torch.tensor([-0.0, NAN], dtype=dtype)
+    condition = torch.rand(6, 5, 1, generator=g) > 0.5
+
+    def fn(c, a, b):
+        return torch.where(c, a, b), torch.where(c[0], b, 3)
+
+    torch._dynamo.reset()
+    expected = fn(condition, x, y)
+    actual = torch.compile(fn, backend="aot2onnx", options={"cache": False, "fallback": False})(condition, x, y)
+    graph = compiled_graphs()[-1]
+    if dtype not in (torch.float16, torch.bfloat16):
+        # (16-bit graphs get float32 Casts, runtime/precision.py, after which the operands' ranks are not known)
+        assert graph.fused_selects >= 2 and graph.fused_kernels, dict(graph.op_counts)
+    for a, e in zip(actual, expected):
+        assert _same(a, e), (dtype, a, e)
+
+
+def test_where_only_with_known_ranks_and_without_the_option_stays_standard():
+    """The graph's Where runs as the select where its operands' ranks are known; one in an If branch stays
+    ONNX Runtime's (a custom op's shape inference would see an operand of unknown rank as a scalar), and so
+    does every one with fused_kernels=False."""
+    import onnx
+
+    from aot2onnx.runtime.rewrites import fused_selects
+
+    then = onnx.helper.make_graph([onnx.helper.make_node("Where", ["c", "x", "y"], ["t"])], "then", [],
+                                  [onnx.helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, None)])
+    other = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                                   [onnx.helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, None)])
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("ReduceMax", ["c8"], ["any"], keepdims=0),
+         onnx.helper.make_node("Cast", ["any"], ["flag"], to=onnx.TensorProto.BOOL),
+         onnx.helper.make_node("If", ["flag"], ["out"], then_branch=then, else_branch=other),
+         onnx.helper.make_node("Where", ["c", "out", "y"], ["z"])], "g",
+        [onnx.helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, [3]),
+         onnx.helper.make_tensor_value_info("c8", onnx.TensorProto.INT32, [3]),
+         onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3]),
+         onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3])],
+        [onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [3])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    rewritten, count = fused_selects(model)
+    assert count == 0 and rewritten is model  # "out", the If's output, has no known rank
+    model.graph.value_info.append(onnx.helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [3]))
+    rewritten, count = fused_selects(model)
+    assert count == 1 and rewritten is not model
+    assert [n.domain for n in rewritten.graph.node if n.op_type == "Where"] == ["aot2onnx.fused"]
+    assert rewritten.graph.node[2].attribute[0].g.node[0].domain == ""  # the branch's Where stays
+    assert [n.domain for n in model.graph.node if n.op_type == "Where"] == [""]  # the given model is untouched
+    import numpy as np
+    import onnxruntime as ort
+
+    from aot2onnx.runtime.session import session_options
+
+    feeds = {"c": np.array([True, False, True]), "c8": np.array([0, 1, 0], dtype=np.int32),
+             "x": np.array([1.0, -0.0, np.nan], dtype=np.float32), "y": np.array([-0.0, 2.0, 3.0], dtype=np.float32)}
+    so = session_options(aot2onnx.Options(), fused_kernels=True)
+    got = ort.InferenceSession(rewritten.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert got.tobytes() == want.tobytes()
+
+    torch._dynamo.reset()
+    x = torch.randn(4, 3)
+    torch.compile(lambda v: torch.where(v > 0, v, 0.0), backend="aot2onnx",
+                  options={"cache": False, "fallback": False, "fused_kernels": False})(x)
+    graph = compiled_graphs()[-1]
+    assert graph.fused_selects == 0 and not graph.fused_kernels
+

@@ -16,7 +16,9 @@ from collections.abc import Iterator
 import onnx
 import onnx.numpy_helper
 
-__all__ = ["disabled_optimizers", "model_nodes", "serial_nodes"]
+from aot2onnx.signature import FUSED_DOMAIN
+
+__all__ = ["disabled_optimizers", "fused_selects", "model_nodes", "serial_nodes"]
 
 
 def model_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
@@ -79,3 +81,31 @@ def _expand_elimination(model: onnx.ModelProto) -> list[str]:
             if 0 in onnx.numpy_helper.to_array(constants[node.input[1]]).reshape(-1):
                 return ["ExpandElimination"]
     return []
+
+
+def fused_selects(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``model`` with the ONNX ``Where`` nodes of its graph run by aot2onnx's fused ``Where``
+    (``runtime/fused_ops.cc``: ATen's where on the operands' bytes, the same choice of values), and how many.
+    ONNX Runtime's CPU Where took 463 us on 65536 float32 elements (7 ns an element), ATen's 31 (2 threads);
+    Where is how the exact lowerings guard their edge cases, a few to a few dozen per graph. For the compile
+    backend's CPU sessions where the kernels are built; a model without such a node comes back as it is.
+
+    Only nodes whose three operands have a known rank in the model (graph inputs, initializers, Constant
+    outputs, value_info with a shape): ONNX Runtime hands a custom op's shape inference an operand of unknown
+    rank as a scalar, and the output shape inferred from it would be wrong (a Loop's outputs, say). Subgraphs'
+    nodes (If and Loop bodies) and functions' are left for the same reason."""
+    graph = model.graph
+    ranked = {v.name for v in (*graph.input, *graph.value_info, *graph.output) if v.type.tensor_type.HasField("shape")}
+    ranked |= {i.name for i in graph.initializer}
+    ranked |= {o for n in graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") for o in n.output}
+    positions = [k for k, n in enumerate(graph.node)
+                 if n.op_type == "Where" and n.domain in ("", "ai.onnx") and all(i in ranked for i in n.input)]
+    if not positions:
+        return model, 0
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    for k in positions:
+        rewritten.graph.node[k].domain = FUSED_DOMAIN
+    if not any(o.domain == FUSED_DOMAIN for o in rewritten.opset_import):
+        rewritten.opset_import.append(onnx.helper.make_opsetid(FUSED_DOMAIN, 1))
+    return rewritten, len(positions)

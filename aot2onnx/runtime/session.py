@@ -30,7 +30,7 @@ from aot2onnx.runtime.nchwc import rewrite_convolutions
 from aot2onnx.runtime.one_call import OneCallRun
 from aot2onnx.runtime.one_call import refusal as one_call_refusal
 from aot2onnx.runtime.precision import compute_in_float
-from aot2onnx.runtime.rewrites import disabled_optimizers, model_nodes, serial_nodes
+from aot2onnx.runtime.rewrites import disabled_optimizers, fused_selects, model_nodes, serial_nodes
 from aot2onnx.signature import (
     CHECK_LINALG,
     CHECK_NEGATIVE_INDEX,
@@ -407,6 +407,7 @@ class OrtGraph:
         self.nchwc_convolutions = 0  # Conv nodes moved to ONNX Runtime's blocked layout (nchwc.py)
         self.float32_nodes = 0  # low-precision nodes computed in float32, having no kernel (precision.py)
         self.fused_kernels = False  # whether the graph runs nodes of aot2onnx's fused kernels (runtime/fused.py)
+        self.fused_selects = 0  # Where nodes run by the fused kernels' Where (rewrites.fused_selects)
         self.serial: list[str] = []  # nodes that make the session run on one thread (serial_nodes)
         self._cuda = device.type == "cuda" and options.providers is None
         self._op_types = cuda.graph_op_types(model) if self._cuda else frozenset()  # what TF32 concerns
@@ -438,6 +439,8 @@ class OrtGraph:
                 if providers == ["CPUExecutionProvider"]:
                     # bfloat16 nodes (autocast) ONNX Runtime's CPU provider has no kernel for: in float32.
                     model, self.float32_nodes = compute_in_float(model)
+                    if options.fused_kernels and fused.library() is not None:
+                        model, self.fused_selects = fused_selects(model)
                 if providers == ["CPUExecutionProvider"]:
                     # CUDA's provider runs kernels on a stream, in the same order; kept to copies until tested.
                     self._in_place = writable_in_place(model, signature)

@@ -1,9 +1,11 @@
-"""Backward ops lowered to one of aot2onnx's fused kernels each (``runtime/fused_ops.cc``: ATen's own CPU kernel
+"""Ops lowered to one of aot2onnx's fused kernels each (``runtime/fused_ops.cc``: ATen's own CPU kernel
 run on ONNX Runtime's buffers), where the standard lowering spells them as chains of ONNX nodes, or where
 AOTAutograd decomposes them for want of a rule: a ReLU gradient (LessOrEqual, Where), a softmax gradient
 (Mul, ReduceSum, Sub, Mul), a layer norm's backward (two dozen nodes), an embedding's gradient (a ScatterND
-with reduction="add", which runs its graph on one thread: ``runtime/rewrites.py``'s ``serial_nodes``). One node,
-eager's values bit for bit.
+with reduction="add", which runs its graph on one thread: ``runtime/rewrites.py``'s ``serial_nodes``); and
+forward ops the standard lowering spells out for exactness (softmax, log-softmax, layer norm, batch norm in
+training). One node, eager's values bit for bit. (The graphs' Where nodes are the runtime's to swap:
+``runtime/rewrites.py``'s ``fused_selects``.)
 
 Only in :func:`aot2onnx.lower.registry.fused_registry`, which the compile backend uses for CPU graphs where the
 library is built; with it, the calls the kernels take are kept whole by the decomposition table
@@ -213,3 +215,33 @@ def aten_embedding_dense_backward(grad_output, indices, num_weights, padding_idx
                         f"{grad_output.dtype} and {indices.dtype}")
     return _node("EmbeddingDenseBackward", [grad_output, indices], num_weights=int(num_weights),
                  padding_idx=int(padding_idx), scale_grad_by_freq=int(bool(scale_grad_by_freq)))[0]
+
+
+# --- forward ops the standard lowering spells out (lower/ops/reductions.py, norm.py): ATen's kernel, one node,
+# eager's values bit for bit. ---
+
+
+def _softmax_forward(op_type: str):
+    def rule(self, dim: int, half_to_float: bool):
+        # ATen's CPU softmax takes no half_to_float (a CUDA-only conversion); 0-d tensors stay standard.
+        if half_to_float or not self.shape or len(self.shape) == 0:
+            raise _NotFused(f"the fused {op_type} takes a tensor of one or more dimensions, in its own dtype")
+        return _fused(op_type, [self], dim=int(dim))[0]
+
+    rule.__name__ = rule.__qualname__ = f"aten_{op_type}"
+    return rule
+
+
+_or_standard(aten._softmax.default)(_softmax_forward("Softmax"))
+_or_standard(aten._log_softmax.default)(_softmax_forward("LogSoftmax"))
+
+
+@_or_standard(aten.native_layer_norm.default)
+def aten_native_layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-05):
+    """native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)"""
+    if any(not isinstance(d, int) for d in normalized_shape):
+        raise _NotFused("the fused LayerNorm takes a normalized shape of plain sizes")
+    # ATen keeps a 16-bit input's statistics in float32: float32 and float64 only, one dtype throughout.
+    _float32_or_64("LayerNorm", input, weight, bias)
+    return tuple(_fused("LayerNorm", [input, weight, bias], num_outputs=3, normalized_shape=list(normalized_shape),
+                        eps=float(eps).hex()))
