@@ -181,3 +181,21 @@ def test_dynamo_reset_clears_callbacks_through_the_handler_that_after_dynamo_res
     finally:
         compat.callback_handler.clear._aot2onnx_after.remove(again)
         compat.callback_handler.remove_start_callback(started)
+
+
+def test_chunked_loss_accumulator_takes_what_aot2onnx_binds():
+    """torch's linear_cross_entropy accumulator (torch 2.13 on), whose reduction="none" backward call
+    capture/chunked_loss.py routes to an op of its own: the parameters it reads by name are there."""
+    import inspect
+
+    import torch.nn.functional as F
+
+    module, accumulator = compat.chunked_loss_accumulator()
+    if not hasattr(F, "linear_cross_entropy"):
+        assert accumulator is None
+        return
+    assert accumulator is not None and getattr(module, compat.CHUNKED_LOSS[1]) is accumulator
+    names = set(inspect.signature(accumulator).parameters)
+    assert {"input", "linear_weight", "target", "linear_bias", "weight", "reduction", "ignore_index", "label_smoothing",
+            "batch_chunk_size", "acc_policy", "acc_dtype", "compute_input_grad", "compute_linear_weight_grad",
+            "compute_linear_bias_grad", "loss_grad_output"} <= names

@@ -49,6 +49,7 @@ __all__ = [
     "aot_export_joint_with_descriptors",
     "aot_module_simplified",
     "autocast_supported_devices",
+    "chunked_loss_accumulator",
     "autograd_cache",
     "callback_handler",
     "check_node_safe",
@@ -292,3 +293,25 @@ def linalg_checks_kept() -> Iterator[None]:
         yield
     finally:
         handle.destroy()
+
+
+# torch.nn.functional.linear_cross_entropy's chunked loop (torch 2.13 on), which the autograd formula of its
+# reduction="none" op calls in Python (capture/chunked_loss.py routes that call to an op of aot2onnx's).
+CHUNKED_LOSS = ("torch.nn.modules.linear_cross_entropy", "_linear_cross_entropy_batch_chunked_accumulator")
+
+
+def chunked_loss_accumulator() -> tuple[Any, Callable[..., Any] | None]:
+    """(the module, its chunked accumulator) of torch's linear_cross_entropy, or (None, None) where this torch
+    has none (before 2.13) or has moved it."""
+    module_name, symbol = CHUNKED_LOSS
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None, None
+    function = getattr(module, symbol, None)
+    if not callable(function):
+        logger.info("aot2onnx: torch %s has no %s.%s: linear_cross_entropy(reduction='none')'s backward is "
+                    "traced unrolled, one block per chunk", torch.__version__, module_name, symbol)
+        return None, None
+    return module, function
+

@@ -21,6 +21,7 @@ import torch.fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aot2onnx.authentication import Authenticator
+from aot2onnx.capture import chunked_loss
 from aot2onnx.capture._torch_compat import (
     AOTAUTOGRAD_CACHE_PREFIX,
     AOTAutogradCache,
@@ -227,6 +228,7 @@ def capture(
     with (
         math_attention(),
         linalg_checks_kept(),
+        chunked_loss.backward_as_one_op(),
         functorch_config.patch(cse=False, recompute_views=True, unlift_effect_tokens=True),
         mock.patch.object(graph_compile, "collect_bw_donated_buffer_idxs", _no_donated_buffers),
         _aot_autograd_cache(cache_dir, load_graph, authenticator) if cached else contextlib.nullcontext(),

@@ -11,6 +11,7 @@ import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
 
+from aot2onnx.capture import chunked_loss
 from aot2onnx.lower.ops._common import cast, static_dim, static_dims
 from aot2onnx.lower.ops._control import loop
 from aot2onnx.lower.registry import project_rule
@@ -53,8 +54,11 @@ if importlib.util.find_spec("torch.nn.modules.linear_cross_entropy") is not None
     _torch_nn_ops = torch.ops.torch_nn
 
 
-def _lce_setup(input, linear_weight, target, weight, reduction: str, ignore_index: int, batch_chunk_size: int):
-    """The padded, chunked operands: (x [C, B, H], t [C, B], w [C, B], W, compute dtype, N, B, C)."""
+def _lce_setup(input, linear_weight, target, weight, reduction: str, ignore_index: int, batch_chunk_size: int,
+               grad_output=None):
+    """The padded, chunked operands: (x [C, B, H], t [C, B], w [C, B], W, compute dtype, N, B, C). With
+    ``grad_output`` (reduction="none"'s backward), the weights are -w[t] * grad_output, as ATen folds the
+    upstream gradient in."""
     n, h = static_dims(input) or (None, None)
     v = static_dim(linear_weight, 0)
     if n is None or h is None or v is None:
@@ -77,6 +81,8 @@ def _lce_setup(input, linear_weight, target, weight, reduction: str, ignore_inde
         w = op.Div(w, op.Where(op.Equal(d, zero), op.CastLike(op.Constant(value_float=float("nan")), x), op.Neg(d)))
     elif reduction == "sum":
         w = op.Neg(w)
+    elif grad_output is not None:
+        w = op.Mul(op.Neg(w), cast(grad_output, compute))
     b = max(1, min(batch_chunk_size, n))
     chunks = -(-n // b)
     extra = chunks * b - n
@@ -110,10 +116,11 @@ def _typed(value, dtype):
 
 
 def _lce_grads(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, batch_chunk_size,
-               compute_input_grad, compute_linear_weight_grad, compute_linear_bias_grad):
-    """(loss, grad_input, grad_linear_weight, grad_linear_bias) as ATen's chunked accumulator's grad loop."""
+               compute_input_grad, compute_linear_weight_grad, compute_linear_bias_grad, grad_output=None):
+    """(loss, grad_input, grad_linear_weight, grad_linear_bias) as ATen's chunked accumulator's grad loop
+    (with ``grad_output``: reduction="none"'s backward, whose loss is meaningless)."""
     x, t, w, lw, compute, n, b, chunks = _lce_setup(
-        input, linear_weight, target, weight, reduction, ignore_index, batch_chunk_size)
+        input, linear_weight, target, weight, reduction, ignore_index, batch_chunk_size, grad_output)
     v, h = static_dims(linear_weight)
     zeros = lambda shape: _typed(op.CastLike(op.ConstantOfShape(op.Constant(value_ints=shape)), lw), compute)
 
@@ -172,7 +179,7 @@ if _torch_nn_ops is not None:
             acc_policy: str, acc_dtype):
         """_linear_cross_entropy_batch_chunked_no_reduction(Tensor input, Tensor linear_weight, Tensor target, Tensor? linear_bias, Tensor? weight, SymInt ignore_index, SymInt batch_chunk_size, str acc_policy, ScalarType acc_dtype) -> Tensor"""
         # The per-row loss w[t] * (log(sum(exp(shifted))) - shifted[t]); the backward graph recomputes the
-        # chunks itself (AOTAutograd traces the op's backward into ATen ops, one unrolled block per chunk).
+        # chunks in a Loop of its own (capture/chunked_loss.py's op, below).
         x, t, w, lw, compute, n, b, chunks = _lce_setup(
             input, linear_weight, target, weight, "none", ignore_index, batch_chunk_size)
 
@@ -185,3 +192,18 @@ if _torch_nn_ops is not None:
         losses = op.Slice(op.Reshape(losses, op.Constant(value_ints=[-1])), op.Constant(value_ints=[0]),
                           op.Constant(value_ints=[n]), op.Constant(value_ints=[0]))
         return op.CastLike(losses, input)
+
+
+if chunked_loss.NONE_BACKWARD is not None:
+
+    @project_rule(chunked_loss.NONE_BACKWARD)
+    def aot2onnx_linear_cross_entropy_none_backward(
+            input, linear_weight, target, linear_bias, weight, grad_output, ignore_index: int, batch_chunk_size: int,
+            acc_policy: str, acc_dtype, compute_input_grad: bool, compute_linear_weight_grad: bool,
+            compute_linear_bias_grad: bool):
+        """aot2onnx::linear_cross_entropy_none_backward(Tensor input, Tensor linear_weight, Tensor target, Tensor? linear_bias, Tensor? weight, Tensor grad_output, SymInt ignore_index, SymInt batch_chunk_size, str acc_policy, ScalarType acc_dtype, bool compute_input_grad, bool compute_linear_weight_grad, bool compute_linear_bias_grad) -> (Tensor, Tensor, Tensor, Tensor)"""
+        # reduction="none"'s backward as one Loop over the chunks, as the scalar reductions' forward.
+        return _lce_grads(input, linear_weight, target, linear_bias, weight, "none", ignore_index, batch_chunk_size,
+                          compute_input_grad, compute_linear_weight_grad, compute_linear_bias_grad,
+                          grad_output=grad_output)
+
