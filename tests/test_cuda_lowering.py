@@ -297,7 +297,7 @@ def test_cuda_graph_refusals():
 
 def test_graphed_runs_pin_stable_inputs_copy_the_others_and_recapture_when_one_moves():
     model = _model({"w": [3], "x": [3]}, {"y": [3]}, [onnx.helper.make_node("Add", ["w", "x"], ["y"])])
-    runs = cuda.GraphedRuns("g", model, ["w", "x"], ["y"], torch.device("cpu"), None)
+    runs = cuda.GraphedRuns("g", model, ["w", "x"], ["y"], torch.device("cpu"))
     w = torch.ones(3)
     assert not runs.warmup([w, torch.zeros(3)])
     x = torch.full((3,), 2.0)
@@ -371,7 +371,7 @@ def test_graphed_runs_serve_constant_outputs_from_a_plain_run():
         onnx.helper.make_node("Constant", [], ["c"], value_floats=[1.0, 2.0, 3.0]),
         onnx.helper.make_node("Constant", [], ["check"], value_float=0.0),
     ])
-    runs = cuda.GraphedRuns("g", model, ["x"], ["y", "c", "check"], torch.device("cpu"), None,
+    runs = cuda.GraphedRuns("g", model, ["x"], ["y", "c", "check"], torch.device("cpu"),
                             constant=frozenset({"c", "check"}), host=frozenset({"check"}))
     x = torch.ones(3)
     assert runs.remembers and not runs.warmup([x]) and not runs.warmup([x])  # no plain run's values yet
@@ -530,10 +530,10 @@ def test_stream_order_waits_only_where_streams_differ(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
     order = cuda.StreamOrder(torch.device("cuda", 0), session_stream)
     assert order.before_run() is None
-    cuda.StreamOrder.after_run(None, session_stream)
+    order.after_run(None)
     assert waits == []
     current = Stream(2)
     other = order.before_run()
     assert other is current and waits == [(1, 2)]
-    cuda.StreamOrder.after_run(other, session_stream)
+    order.after_run(other)
     assert waits == [(1, 2), (2, 1)]

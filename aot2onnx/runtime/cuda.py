@@ -199,9 +199,10 @@ def run_options(**entries: str) -> ort.RunOptions:
 
 
 class StreamOrder:
-    """Orders a session's runs on its stream (torch's current stream when the session was made) with torch's
-    current stream at each run, where they differ: the session's stream waits for the work that made the
-    inputs, and torch's current stream for the run's outputs (events on the device, no host wait)."""
+    """Orders a session's runs on its stream (a CUDA graph's own, or torch's current stream when the session
+    was made) with torch's current stream at each run, where they differ: the session's stream waits for the
+    work that made the inputs, and torch's current stream for the run's outputs (events on the device, no host
+    wait)."""
 
     def __init__(self, device: torch.device, stream: torch.cuda.Stream) -> None:
         self.device, self.stream = device, stream
@@ -214,10 +215,10 @@ class StreamOrder:
         self.stream.wait_stream(current)
         return current
 
-    @staticmethod
-    def after_run(current: torch.cuda.Stream | None, stream: torch.cuda.Stream) -> None:
+    def after_run(self, current: torch.cuda.Stream | None) -> None:
+        """Orders ``current`` (:meth:`before_run`'s answer) after the run."""
         if current is not None:
-            current.wait_stream(stream)
+            current.wait_stream(self.stream)
 
 
 def session_memory(options: Options, cuda_graph: bool) -> str:
@@ -341,16 +342,15 @@ class GraphedRuns:
     once.
 
     The session runs on a stream of its own (a capture cannot be made on CUDA's legacy default stream, where
-    torch's work runs unless told otherwise), ordered after torch's current stream before each run and
-    before it after each run: waits on the GPU, not on the host.
+    torch's work runs unless told otherwise), which the session orders with torch's current stream
+    (:class:`StreamOrder`): waits on the GPU, not on the host.
     """
 
     def __init__(self, name: str, model: onnx.ModelProto, input_names: Sequence[str], output_names: Sequence[str],
-                 device: torch.device, stream: torch.cuda.Stream | None, *,
-                 constant: frozenset[str] = frozenset(), host: frozenset[str] = frozenset()) -> None:
+                 device: torch.device, *, constant: frozenset[str] = frozenset(),
+                 host: frozenset[str] = frozenset()) -> None:
         self.name = name
         self.device = device
-        self.stream = stream
         self.input_names = list(input_names)
         self.output_names = list(output_names)
         declared = {v.name: v for v in (*model.graph.input, *model.graph.output)}
@@ -461,12 +461,3 @@ class GraphedRuns:
             foreach_copy([results[i] for i in fresh], [sources[i] for i in fresh])
         return results
 
-    def before_run(self) -> None:
-        """Orders the session's stream after torch's current one."""
-        if self.stream is not None:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
-
-    def after_run(self) -> None:
-        """Orders torch's current stream after the session's."""
-        if self.stream is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self.stream)

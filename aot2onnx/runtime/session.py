@@ -418,7 +418,7 @@ class OrtGraph:
         self._stream: torch.cuda.Stream | None = None  # a graphed session's own (cuda.GraphedRuns)
         self.cuda_graph_refusal: str | None = None  # why the graph is not replayed as a CUDA graph
         self._run_options: Any = None  # ONNX Runtime's RunOptions for a plain run (None: the defaults)
-        self._order: cuda.StreamOrder | None = None  # a plain CUDA session's stream against torch's current one
+        self._order: cuda.StreamOrder | None = None  # a CUDA session's stream against torch's current one
         # The run in one call (runtime.one_call) where the graph allows it, else the IOBinding below; the
         # input shapes of its last run (a change has the outputs' shapes checked).
         self._one_call: OneCallRun | None = None
@@ -498,9 +498,10 @@ class OrtGraph:
         graphed = self.cuda_graph_refusal is None
         if graphed and self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
-        # A plain session runs on torch's stream of now (provider_options), and its runs without the wait at
-        # their end (cuda.run_options): ordered with the stream that is current at each run instead.
-        self._order = None if graphed else cuda.StreamOrder(self.device, torch.cuda.current_stream(self.device))
+        # A plain session runs on torch's stream of now (provider_options), a graphed one on its own, and their
+        # runs without the wait at their end (cuda.run_options): ordered with the stream that is current at each
+        # run instead.
+        self._order = cuda.StreamOrder(self.device, self._stream if graphed else torch.cuda.current_stream(self.device))
         self._run_options = None if graphed else cuda.run_options()
         return providers_for(self.device, self.options, cuda.provider_options(
             self.device, self.options, tf32=self.tf32, cuda_graph=graphed, stream=self._stream if graphed else None))
@@ -526,7 +527,7 @@ class OrtGraph:
             inputs = [spec.onnx_name for spec in self.signature.inputs if spec.kind is not InputKind.UNUSED]
             outputs = [*self._onnx_outputs, *(m.onnx_name for m in self._mutations), *(c.onnx_name for c in self._checks)]
             model = onnx.load_from_string(model_bytes)
-            self._graphed = cuda.GraphedRuns(self.name, model, inputs, outputs, self.device, self._stream,
+            self._graphed = cuda.GraphedRuns(self.name, model, inputs, outputs, self.device,
                                              constant=cuda.constant_outputs(model, RANDOM_OPS),
                                              host=frozenset(c.onnx_name for c in self._checks))
             self._run_options = self._graphed.plain_run
@@ -705,21 +706,16 @@ class OrtGraph:
             copied = self._bind_mutations(args, binding) if self._mutations else ()
             for check in self._checks:
                 binding.bind_output(check.onnx_name, self._ort_device)
-            order, current = self._order, None
-            if graphed is not None:
-                graphed.before_run()
-            elif order is not None:
-                current = order.before_run()
+            order = self._order
+            current = order.before_run() if order is not None else None
             try:
                 ort_run(binding, self._run_options)
             except Exception as e:
                 self._bound.clear()  # bind every input afresh after a failure
                 raise RuntimeSessionError(f"ONNX Runtime failed running graph {self.name!r}: {e}") from e
             finally:
-                if graphed is not None:
-                    graphed.after_run()
-                elif current is not None:
-                    order.after_run(current, order.stream)
+                if order is not None:
+                    order.after_run(current)
             self.runs += 1
             if not self._onnx_outputs and not copied and not self._checks:
                 return []
@@ -806,12 +802,14 @@ class OrtGraph:
                     return None
                 self._setup(graphed, tensors)
             graphed.copy_in(tensors)
-            graphed.before_run()
+            order = self._order
+            assert order is not None  # a graphed session is a CUDA one
+            current = order.before_run()
             try:
                 ort_run(self._binding, graphed.graph_run)
             except Exception as e:
                 if not graphed.capturing:
-                    graphed.after_run()
+                    order.after_run(current)
                     raise RuntimeSessionError(f"ONNX Runtime failed replaying graph {self.name!r}: {e}") from e
                 # The capture failed: the graph runs plainly from now on, once the stream is out of capture
                 # mode (ONNX Runtime leaves it there, and every later call on it would fail).
@@ -819,12 +817,12 @@ class OrtGraph:
                     raise RuntimeSessionError(
                         f"ONNX Runtime failed capturing graph {self.name!r} as a CUDA graph, and its stream could not "
                         f"be taken out of capture mode (pass cuda_graphs=False): {e}") from e
-                graphed.after_run()
+                order.after_run(current)
                 graphed.stop(f"ONNX Runtime failed to capture it: {str(e).splitlines()[0][:300]}")
                 self.cuda_graph_refusal = graphed.stopped
                 self._unbind()
                 return None
-            graphed.after_run()
+            order.after_run(current)
             graphed.capturing = False
             self.runs += 1
             returned, written = len(self._onnx_outputs), len(self._mutations)

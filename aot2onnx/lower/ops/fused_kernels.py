@@ -224,7 +224,7 @@ def aten_embedding_dense_backward(grad_output, indices, num_weights, padding_idx
 def _softmax_forward(op_type: str):
     def rule(self, dim: int, half_to_float: bool):
         # ATen's CPU softmax takes no half_to_float (a CUDA-only conversion); 0-d tensors stay standard.
-        if half_to_float or not self.shape or len(self.shape) == 0:
+        if half_to_float or not self.shape:  # no shape known, or 0-d
             raise _NotFused(f"the fused {op_type} takes a tensor of one or more dimensions, in its own dtype")
         return _fused(op_type, [self], dim=int(dim))[0]
 
