@@ -537,3 +537,89 @@ def test_stream_order_waits_only_where_streams_differ(monkeypatch):
     assert other is current and waits == [(1, 2)]
     order.after_run(other)
     assert waits == [(1, 2), (2, 1)]
+
+
+def _run_all(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_per_channel_reductions_split_in_two_steps(dtype):
+    """ReduceSum and ReduceMean over every axis but 1, kept dims or not, rank 3 to 5, with axes written
+    negative: each taken in two steps, with the one-step result's shape and its value up to reordered
+    additions; a NaN and an infinity reach the same channel's result as before."""
+    from aot2onnx.runtime.rewrites import split_channel_reductions
+
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    cases = [((4, 3, 5), [0, 2]), ((4, 3, 5, 6), [0, 2, 3]), ((2, 3, 4, 5, 6), [0, -3, -2, -1])]
+    nodes, inputs, outputs, inits, feeds = [], [], [], [], {}
+    rng = np.random.default_rng(0)
+    for k, (shape, axes) in enumerate(cases):
+        inputs.append(_tensor(f"x{k}", elem, list(shape)))
+        inits.append(onnx.numpy_helper.from_array(np.array(axes, dtype=np.int64), f"axes{k}"))
+        value = rng.standard_normal(shape).astype(dtype) * 100
+        value[1, 0, 1], value[0, 2, 0] = np.nan, np.inf
+        feeds[f"x{k}"] = value
+        for op in ("ReduceSum", "ReduceMean"):
+            for keep in (0, 1):
+                out = f"{op}_{k}_{keep}"
+                nodes.append(onnx.helper.make_node(op, [f"x{k}", f"axes{k}"], [out], keepdims=keep))
+                outputs.append(_tensor(out, elem))
+    model = _graph_model(nodes, inputs, outputs, initializers=inits)
+    split, count = split_channel_reductions(model)
+    assert count == len(nodes)
+    assert sum(n.op_type.startswith("Reduce") for n in split.graph.node) == 2 * len(nodes)
+    for before, after in zip(_run_all(model, feeds), _run_all(split, feeds), strict=True):
+        assert before.shape == after.shape and before.dtype == after.dtype
+        np.testing.assert_allclose(after, before, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=0)
+        np.testing.assert_array_equal(np.isnan(after), np.isnan(before))
+        np.testing.assert_array_equal(np.isinf(after), np.isinf(before))
+
+
+def test_reductions_the_split_leaves():
+    """Not split: a 16-bit input (its partial sums would round to 16 bits between the steps), unknown or zero
+    sizes, axes that include axis 1 or leave out another, axes computed in the graph, rank 2."""
+    from aot2onnx.runtime.rewrites import split_channel_reductions
+
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    inputs = [_tensor("h", f16, [2, 3, 4]), _tensor("d", f32, ["n", 3, 4]), _tensor("z", f32, [0, 3, 4]),
+              _tensor("x", f32, [2, 3, 4, 5]), _tensor("m", f32, [2, 3]), _tensor("a", onnx.TensorProto.INT64, [2])]
+    inits = [onnx.numpy_helper.from_array(np.array(v, dtype=np.int64), n)
+             for n, v in [("ax02", [0, 2]), ("ax012", [0, 1, 2, 3]), ("ax03", [0, 3]), ("ax0", [0])]]
+    nodes = [onnx.helper.make_node("ReduceSum", [x, axes], [f"o{k}"])
+             for k, (x, axes) in enumerate([("h", "ax02"), ("d", "ax02"), ("z", "ax02"), ("x", "ax012"),
+                                            ("x", "ax03"), ("m", "ax0"), ("x", "a")])]
+    outputs = [_tensor(f"o{k}", f16 if k == 0 else f32) for k in range(len(nodes))]
+    model = _graph_model(nodes, inputs, outputs, initializers=inits)
+    assert split_channel_reductions(model) == (model, 0)
+
+
+def test_split_reductions_train_a_cnn_as_before(monkeypatch):
+    """The CUDA lowering of a CNN (batch norms and biased convolutions), its per-channel reductions split as
+    CUDA sessions split them, run here on the CPU provider: loss and gradients as the unsplit graphs' to
+    float32's reordering."""
+    import aot2onnx.runtime.session as session_module
+    from aot2onnx.runtime.rewrites import split_channel_reductions
+
+    model, x, y, loss_fn = make_batch("cnn-s")
+    with lowered_for("cuda", monkeypatch):
+        loss, grads = _step(model, x, y, loss_fn)
+    splits = []
+    original = session_module.compute_in_float
+
+    def compute_then_split(m):
+        m, count = original(m)
+        m, split = split_channel_reductions(m)
+        splits.append(split)
+        return m, count
+
+    monkeypatch.setattr(session_module, "compute_in_float", compute_then_split)
+    with lowered_for("cuda", monkeypatch):
+        split_loss, split_grads = _step(model, x, y, loss_fn)
+    assert sum(splits) >= 2 * 2  # at least two batch norms' statistics forward, their sums backward
+    torch.testing.assert_close(split_loss, loss, rtol=1e-6, atol=0)
+    for g, s in zip(grads, split_grads, strict=True):
+        torch.testing.assert_close(s, g, rtol=2e-5, atol=1e-6)

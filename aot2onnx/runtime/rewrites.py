@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import onnx
 import onnx.numpy_helper
 
 from aot2onnx.signature import FUSED_DOMAIN
 
-__all__ = ["disabled_optimizers", "fused_selects", "model_nodes", "serial_nodes"]
+__all__ = ["disabled_optimizers", "fused_selects", "model_nodes", "serial_nodes", "split_channel_reductions"]
 
 
 def model_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
@@ -109,3 +110,104 @@ def fused_selects(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     if not any(o.domain == FUSED_DOMAIN for o in rewritten.opset_import):
         rewritten.opset_import.append(onnx.helper.make_opsetid(FUSED_DOMAIN, 1))
     return rewritten, len(positions)
+
+
+def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    """The values of ``graph`` whose every size is a known number."""
+    shapes = {}
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        tensor = value.type.tensor_type
+        if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
+            shapes[value.name] = [d.dim_value for d in tensor.shape.dim]
+    for init in graph.initializer:
+        shapes[init.name] = list(init.dims)
+    return shapes
+
+
+def _constant_ints(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    """The int64 constants of ``graph`` (initializers and Constant nodes), as lists."""
+    found = {t.name: t for t in graph.initializer if t.data_type == onnx.TensorProto.INT64}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for a in node.attribute:
+                if a.name == "value" and a.t.data_type == onnx.TensorProto.INT64:
+                    found[node.output[0]] = a.t
+                elif a.name == "value_ints":
+                    found[node.output[0]] = onnx.helper.make_tensor("", onnx.TensorProto.INT64, [len(a.ints)], a.ints)
+    return {name: [int(v) for v in onnx.numpy_helper.to_array(t).reshape(-1)] for name, t in found.items()}
+
+
+_SPLIT_REDUCTIONS = ("ReduceSum", "ReduceMean")
+_SPLIT_DTYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+
+
+def split_channel_reductions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``model`` with its per-channel sums and means (ReduceSum or ReduceMean of an (N, C, ...) tensor over
+    every axis but 1: a batch norm's statistics and its backward's sums, a convolution's bias gradient) taken
+    in two steps, the contiguous inner axes first: Reshape to (N, C, S), reduce axis 2, then axis 0; and how
+    many. For CUDA sessions: ONNX Runtime's CUDA provider hands the one-step reduction to cuDNN, which took
+    157 us on a 32 x 32 x 64 x 64 float32 tensor on an H200 against 55 us in two steps (torch's 35; on
+    128 x 64 x 56 x 56: 625 against 132). The two steps add the same numbers in another order, as cuDNN's own
+    order is not ATen's either: float32 and float64 only (a 16-bit tensor's partial sums would be rounded to
+    16 bits between the steps), main-graph nodes with constant axes, on inputs whose sizes are all known and
+    none zero."""
+    graph = model.graph
+    shapes, constants = _static_shapes(graph), _constant_ints(graph)
+    dtypes = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)}
+    dtypes.update({i.name: i.data_type for i in graph.initializer})
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 18:
+        return model, 0
+
+    def splits(node: onnx.NodeProto) -> list[int] | None:
+        if node.op_type not in _SPLIT_REDUCTIONS or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            return None
+        shape, axes = shapes.get(node.input[0]), constants.get(node.input[1])
+        if shape is None or axes is None or len(shape) < 3 or 0 in shape or dtypes.get(node.input[0]) not in _SPLIT_DTYPES:
+            return None
+        rank = len(shape)
+        if sorted(a % rank for a in axes) != [0, *range(2, rank)]:
+            return None
+        return shape
+
+    chosen = [k for k, n in enumerate(graph.node) if splits(n) is not None]
+    if not chosen:
+        return model, 0
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    nodes: list[onnx.NodeProto] = []
+    for k, node in enumerate(rewritten.graph.node):
+        if k in chosen:
+            nodes.extend(_two_step_reduction(node, shapes[node.input[0]]))
+        else:
+            nodes.append(node)
+    del rewritten.graph.node[:]
+    rewritten.graph.node.extend(nodes)
+    return rewritten, len(chosen)
+
+
+def _two_step_reduction(node: onnx.NodeProto, shape: list[int]) -> list[onnx.NodeProto]:
+    """The nodes that take ``node``'s reduction of an (N, C, ...) tensor of ``shape`` over every axis but 1 in
+    two steps, writing its output."""
+    make = onnx.helper.make_node
+    stem = f"{node.name or node.output[0]}_split"
+    n, c, s = shape[0], shape[1], int(np.prod(shape[2:]))
+    keepdims = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
+
+    def ints(name: str, values: list[int]) -> onnx.NodeProto:
+        return make("Constant", [], [name], name=name,
+                    value=onnx.helper.make_tensor(name, onnx.TensorProto.INT64, [len(values)], values))
+
+    nodes = [
+        ints(f"{stem}_ncs", [n, c, s]),
+        ints(f"{stem}_inner", [2]),
+        ints(f"{stem}_batch", [0]),
+        make("Reshape", [node.input[0], f"{stem}_ncs"], [f"{stem}_rows"], name=f"{stem}_reshape"),
+        make(node.op_type, [f"{stem}_rows", f"{stem}_inner"], [f"{stem}_partial"], name=f"{stem}_inner_step", keepdims=0),
+    ]
+    total = f"{stem}_total" if keepdims else node.output[0]
+    nodes.append(make(node.op_type, [f"{stem}_partial", f"{stem}_batch"], [total], name=f"{stem}_batch_step", keepdims=0))
+    if keepdims:
+        nodes.append(ints(f"{stem}_kept", [1, c, *([1] * (len(shape) - 2))]))
+        nodes.append(make("Reshape", [total, f"{stem}_kept"], [node.output[0]], name=f"{stem}_keep"))
+    return nodes

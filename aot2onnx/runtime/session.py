@@ -30,7 +30,13 @@ from aot2onnx.runtime.nchwc import rewrite_convolutions
 from aot2onnx.runtime.one_call import OneCallRun
 from aot2onnx.runtime.one_call import refusal as one_call_refusal
 from aot2onnx.runtime.precision import compute_in_float
-from aot2onnx.runtime.rewrites import disabled_optimizers, fused_selects, model_nodes, serial_nodes
+from aot2onnx.runtime.rewrites import (
+    disabled_optimizers,
+    fused_selects,
+    model_nodes,
+    serial_nodes,
+    split_channel_reductions,
+)
 from aot2onnx.signature import (
     CHECK_LINALG,
     CHECK_NEGATIVE_INDEX,
@@ -408,6 +414,7 @@ class OrtGraph:
         self.float32_nodes = 0  # low-precision nodes computed in float32, having no kernel (precision.py)
         self.fused_kernels = False  # whether the graph runs nodes of aot2onnx's fused kernels (runtime/fused.py)
         self.fused_selects = 0  # Where nodes run by the fused kernels' Where (rewrites.fused_selects)
+        self.split_reductions = 0  # per-channel sums taken in two steps on CUDA (rewrites.split_channel_reductions)
         self.serial: list[str] = []  # nodes that make the session run on one thread (serial_nodes)
         self._cuda = device.type == "cuda" and options.providers is None
         self._op_types = cuda.graph_op_types(model) if self._cuda else frozenset()  # what TF32 concerns
@@ -429,6 +436,7 @@ class OrtGraph:
                 if self._cuda:
                     self.cuda_graph_refusal = self._cuda_graph_refusal(model, options)
                     providers = self._cuda_providers()
+                    model, self.split_reductions = split_channel_reductions(model)
                 else:
                     providers = providers_for(device, options)
                 if options.graph_optimization_level in ("layout", "all") and providers == ["CPUExecutionProvider"]:
