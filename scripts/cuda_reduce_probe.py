@@ -7,11 +7,9 @@ times are CUDA-event medians of
 import statistics
 
 import numpy as np
-import onnx
+import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper
-
-import onnxruntime as ort
 
 ort.preload_dlls()
 
