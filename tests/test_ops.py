@@ -62,9 +62,27 @@ CONV_CASES = [
 ]
 
 
+@pytest.fixture
+def standard_lowering(monkeypatch):
+    """The compile backend lowers without aot2onnx's fused kernels (as for CUDA, exports, and processes without
+    the library): the tests that look at the standard lowering's nodes. The graph cache keys on the choice."""
+    from aot2onnx.compile import backend as backend_module
+
+    monkeypatch.setattr(backend_module, "_uses_fused_kernels", lambda device, options: False)
+
+
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"in{c[0]}_w{c[1]}_s{c[2]}_p{c[3]}_d{c[4]}_g{c[5]}")
 @pytest.mark.parametrize("bias", [True, False])
-def test_conv2d_backward(case, bias):
+@pytest.mark.parametrize("lowering", ["standard", "fused"])
+def test_conv2d_backward(case, bias, lowering, request):
+    """Both lowerings of a convolution's backward against eager: the fused kernels' (ATen's
+    convolution_backward, one node) and the standard one, whose nodes are checked below."""
+    from aot2onnx.runtime import fused
+
+    if lowering == "standard":
+        request.getfixturevalue("standard_lowering")
+    elif fused.library() is None:
+        pytest.skip(f"{fused.missing_reason()}")
     shape, wshape, stride, padding, dilation, groups = case
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(shape, generator=g), torch.randn(wshape, generator=g)
@@ -83,6 +101,9 @@ def test_conv2d_backward(case, bias):
     # A pointwise (1x1, stride 1, unpadded) one's is a MatMul.
     pointwise = groups == 1 and wshape[2:] == (1, 1) and stride == 1 and padding == 0 and dilation == 1
     backward = next(g for g in graphs if g.kind == "backward")
+    if lowering == "fused":
+        assert backward.op_counts["ConvolutionBackward"] == 1, backward.op_counts
+        return
     assert (backward.op_counts["ConvTranspose"] == 0) == (as_conv or pointwise), backward.op_counts
     # On CPUs with NCHWc kernels, the forward Conv runs blocked when both channel counts are multiples of
     # the block, and so does an input gradient taken as a Conv.
@@ -138,8 +159,15 @@ SYMBOLIC_CONV_CASES = [
 
 @pytest.mark.parametrize("case", SYMBOLIC_CONV_CASES, ids=lambda c: f"in{c[0]}_w{c[1]}_s{c[2]}_p{c[3]}_d{c[4]}_g{c[5]}")
 @pytest.mark.parametrize("dynamic", ["batch", "all"])
-def test_conv_backward_with_symbolic_sizes(case, dynamic):
+@pytest.mark.parametrize("lowering", ["standard", "fused"])
+def test_conv_backward_with_symbolic_sizes(case, dynamic, lowering, request):
     # "batch": only the batch is symbolic (what export_training traces); "all": the batch and the spatial sizes.
+    from aot2onnx.runtime import fused
+
+    if lowering == "standard":
+        request.getfixturevalue("standard_lowering")
+    elif fused.library() is None:
+        pytest.skip(f"{fused.missing_reason()}")
     shape, wshape, stride, padding, dilation, groups = case
     conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[len(shape)]
     fn = lambda x, w: conv(x, w, None, stride, padding, dilation, groups)
@@ -158,6 +186,9 @@ def test_conv_backward_with_symbolic_sizes(case, dynamic):
     torch.testing.assert_close(wc.grad, we.grad, rtol=RTOL, atol=ATOL)
     # The spatial sizes were static (ConvTranspose's output_padding) or symbolic (cropped and padded).
     backward = next(g_ for g_ in aot2onnx.compiled_graphs() if g_.kind == "backward")
+    if lowering == "fused":
+        assert backward.op_counts["ConvolutionBackward"] == 1, backward.op_counts
+        return
     assert ("Pad" in backward.op_counts) == (dynamic == "all"), backward.op_counts
 
 
@@ -715,7 +746,7 @@ def test_symbolic_sizes():
 
 
 @pytest.mark.parametrize("case", CONV_CASES[:3], ids=lambda c: f"in{c[0]}_w{c[1]}_s{c[2]}")
-def test_conv2d_weight_grad_without_unfolding(case, monkeypatch, cache_off):
+def test_conv2d_weight_grad_without_unfolding(case, monkeypatch, cache_off, standard_lowering):
     # Where the unfolded input would be too large, the weight gradient is a grouped convolution instead.
     # The cache is off: the limit is patched below, and a graph lowered under the real limit would be served.
     from aot2onnx.lower.ops import conv
@@ -729,7 +760,7 @@ def test_conv2d_weight_grad_without_unfolding(case, monkeypatch, cache_off):
     assert backward and all(g_.op_counts["MatMul"] == 0 for g_ in backward)
 
 
-def test_conv2d_weight_grad_unfolded():
+def test_conv2d_weight_grad_unfolded(standard_lowering):
     # The default for static shapes: the input unfolded by a one-hot convolution, then a matrix product.
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(2, 4, 13, 12, generator=g), torch.randn(6, 2, 3, 2, generator=g)

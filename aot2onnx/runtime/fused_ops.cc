@@ -18,6 +18,7 @@
 #include <c10/core/InferenceMode.h>
 #include <ATen/ops/_log_softmax_backward_data.h>
 #include <ATen/ops/_softmax_backward_data.h>
+#include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/copy.h>
 #include <ATen/ops/embedding_dense_backward.h>
 #include <ATen/ops/from_blob.h>
@@ -168,6 +169,7 @@ struct FusedOp : Ort::CustomOpBase<Op, Guarded<Kernel>, true> {
   }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
+    if constexpr (requires { Op::kOutputsOptional; }) return INPUT_OUTPUT_OPTIONAL;  // the node says which
     return index == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
   }
 
@@ -620,6 +622,80 @@ struct Where : FusedOp<Where, WhereKernel> {
   }
 };
 
+// --- a convolution's backward: (grad_output, input, weight) -> the gradients output_mask asks for, in the order
+//     input, weight, bias --------------------------------------------------------------------------------------
+// ATen's convolution_backward, which eager's autograd calls with the same arguments: its gradients bit for bit
+// (oneDNN's or ATen's own kernels, as ATen chooses for eager). The standard lowering unfolds the input by a
+// one-hot convolution for the weight's gradient, which makes an infinite input NaN (inf * 0).
+
+struct ConvolutionBackwardKernel {
+  explicit ConvolutionBackwardKernel(const Ort::ConstKernelInfo& info)
+      : stride_(info.GetAttributes<int64_t>("stride")), padding_(info.GetAttributes<int64_t>("padding")),
+        dilation_(info.GetAttributes<int64_t>("dilation")),
+        output_padding_(info.GetAttributes<int64_t>("output_padding")),
+        transposed_(info.GetAttribute<int64_t>("transposed") != 0), groups_(info.GetAttribute<int64_t>("groups")) {
+    std::vector<int64_t> mask = info.GetAttributes<int64_t>("output_mask");
+    if (mask.size() != 3) throw std::runtime_error("aot2onnx fused ConvolutionBackward: output_mask has 3 entries");
+    for (size_t i = 0; i < 3; ++i) mask_[i] = mask[i] != 0;
+  }
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    at::Tensor grad = Required(ctx, 0), input = Required(ctx, 1), weight = Required(ctx, 2);
+    int64_t channels = transposed_ ? weight.size(1) * groups_ : weight.size(0);
+    std::vector<int64_t> bias_sizes{channels};
+    auto results = at::convolution_backward(grad, input, weight, mask_[2] ? c10::optional<at::IntArrayRef>(bias_sizes)
+                                                                          : c10::nullopt,
+                                            stride_, padding_, dilation_, transposed_, output_padding_, groups_, mask_);
+    std::array<at::Tensor*, 3> computed{&std::get<0>(results), &std::get<1>(results), &std::get<2>(results)};
+    size_t index = 0;
+    for (size_t i = 0; i < 3; ++i) {
+      if (!mask_[i]) continue;
+      Output(ctx, index++, *computed[i]).copy_(*computed[i]);
+    }
+  }
+  std::vector<int64_t> stride_, padding_, dilation_, output_padding_;
+  bool transposed_;
+  int64_t groups_;
+  std::array<bool, 3> mask_{};
+};
+struct ConvolutionBackward : FusedOp<ConvolutionBackward, ConvolutionBackwardKernel> {
+  static constexpr const char* kName = "ConvolutionBackward";
+  static constexpr size_t kInputs = 3, kRequired = 3, kOutputs = 3;
+  static constexpr bool kOutputsOptional = true;
+
+  // In output_mask's order: the input's shape, the weight's, and [output channels], each in grad_output's type.
+  static OrtStatusPtr InferOutputs(const OrtCustomOp*, OrtShapeInferContext* context) {
+    try {
+      Ort::ShapeInferContext ctx(&Ort::GetApi(), context);
+      OrtTensorTypeAndShapeInfo* grad = nullptr;  // owned by the context
+      Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_GetInputTypeShape(context, 0, &grad));
+      ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+      Ort::ThrowOnError(Ort::GetApi().GetTensorElementType(grad, &type));
+      std::vector<int64_t> mask = ctx.GetAttrInts("output_mask");
+      Ort::ShapeInferContext::Shape weight = ctx.GetInputShape(2);
+      bool transposed = ctx.GetAttrInt("transposed") != 0;
+      size_t index = 0;
+      for (size_t i = 0; i < 3 && i < mask.size(); ++i) {
+        if (!mask[i]) continue;
+        Ort::ShapeInferContext::Shape shape;
+        if (i < 2) {
+          for (const auto& d : ctx.GetInputShape(i + 1)) shape.push_back(Known(d));
+        } else if (!transposed && !weight.empty()) {
+          shape.push_back(Known(weight[0]));
+        } else if (transposed && weight.size() > 1 && weight[1].IsInt()) {
+          shape.emplace_back(weight[1].AsInt() * ctx.GetAttrInt("groups"));
+        } else {
+          shape.push_back(Known(Ort::ShapeInferContext::SymbolicInteger(int64_t{-1})));
+        }
+        if (Ort::Status status = ctx.SetOutputShape(index++, shape, type); !status.IsOK()) return status.release();
+      }
+      return nullptr;
+    } catch (const std::exception& e) {
+      return Failure(e.what());
+    }
+  }
+};
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
@@ -641,13 +717,15 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static LogSoftmax log_softmax_forward;
   static LayerNorm layer_norm_forward;
   static Where where;
+  static ConvolutionBackward convolution_backward;
   static Ort::CustomOpDomain domain{kDomain};
   static bool added = [] {
     for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&threshold, &gelu, &hardswish, &silu, &tanh_op, &sigmoid,
                                                                &softmax, &log_softmax, &layer_norm, &batch_norm,
                                                                &batch_norm_backward, &group_norm_backward,
                                                                &embedding_dense_backward, &softmax_forward,
-                                                               &log_softmax_forward, &layer_norm_forward, &where}) {
+                                                               &log_softmax_forward, &layer_norm_forward, &where,
+                                                               &convolution_backward}) {
       domain.Add(op);
     }
     return true;

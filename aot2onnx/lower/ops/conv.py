@@ -12,6 +12,7 @@ from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
 from aot2onnx.lower.ops._common import rounded_to, static_dims
+from aot2onnx.lower.ops._control import on_device
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -218,12 +219,15 @@ def _grad_weight_unfolded(grad_output, input, weight, stride, padding, dilation,
     # The unfolded input and the one-hot kernel below must both stay small.
     if n * c_in * taps * positions > _UNFOLD_LIMIT or c_in * taps**2 > 1 << 22:
         return None
-    # The unfolding is itself a convolution: group i has one output channel per kernel offset, whose
-    # kernel is 1 at that offset, so output channel i*K + k is input channel i shifted by k (with the
-    # forward's padding, stride and dilation), the order of the weight's flattened (Cin/g, *k).
-    one_hot = np.tile(np.eye(taps, dtype=np.float32).reshape(taps, 1, *kernel), (c_in, 1, *[1] * len(kernel)))
-    shifts = op.CastLike(op.Constant(value=ir.tensor(one_hot)), input)
-    cols = op.Conv(input, shifts, strides=stride, pads=list(padding) * 2, dilations=dilation, group=c_in)
+    if on_device() and taps <= _SLICED_UNFOLD_TAPS:
+        cols = _unfolded_by_slices(input, kernel, out, stride, padding, dilation)
+    else:
+        # The unfolding is itself a convolution: group i has one output channel per kernel offset, whose
+        # kernel is 1 at that offset, so output channel i*K + k is input channel i shifted by k (with the
+        # forward's padding, stride and dilation), the order of the weight's flattened (Cin/g, *k).
+        one_hot = np.tile(np.eye(taps, dtype=np.float32).reshape(taps, 1, *kernel), (c_in, 1, *[1] * len(kernel)))
+        shifts = op.CastLike(op.Constant(value=ir.tensor(one_hot)), input)
+        cols = op.Conv(input, shifts, strides=stride, pads=list(padding) * 2, dilations=dilation, group=c_in)
     cols = op.Reshape(cols, op.Constant(value_ints=[n, groups, c_in // groups * taps, positions]))
     # The product is taken transposed, (Cin/g * K, P) @ (P, Cout/g) per sample, and the sum over N
     # transposed back: ONNX Runtime packs the product's right operand, and dY is the smaller one.
@@ -239,6 +243,31 @@ def _grad_weight_unfolded(grad_output, input, weight, stride, padding, dilation,
     per_sample = op.MatMul(cols, dy_t)  # (N, g, Cin/g * K, Cout/g)
     total = op.ReduceSum(per_sample, op.Constant(value_ints=[0]), keepdims=0)
     return op.Reshape(op.Transpose(total, perm=[0, 2, 1]), op.Constant(value_ints=w_dims))
+
+
+# On CUDA the unfolding is Slices of the padded input where the kernel has at most this many offsets.
+_SLICED_UNFOLD_TAPS = 64
+
+
+def _unfolded_by_slices(input, kernel, out, stride, padding, dilation):
+    """The input unfolded for the weight gradient, (N, Cin, K, *out) with channel-major rows as the one-hot
+    convolution orders them, as one strided Slice of the zero-padded input per kernel offset. For ONNX
+    Runtime's CUDA provider, where cuDNN ran the one-hot grouped convolution as a direct convolution: on an
+    H200 (scripts/cuda_wgrad_probe.py, the whole weight gradient), 32x32x32x32 -> 64 channels 283 -> 177 us,
+    16x64x56x56 -> 64 795 -> 390 (torch 99 and 176). The slices copy the input's values, so the result is the
+    one-hot convolution's wherever that is exact (every finite input)."""
+    spatial = len(kernel)
+    axes = op.Constant(value_ints=list(range(2, 2 + spatial)))
+    padded = input
+    if any(padding):
+        padded = op.Pad(input, op.Constant(value_ints=[0, 0, *padding, 0, 0, *padding]))
+    taps = []
+    for offset in np.ndindex(*kernel):
+        starts = [k * d for k, d in zip(offset, dilation)]
+        ends = [b + s * (o - 1) + 1 for b, s, o in zip(starts, stride, out)]
+        taps.append(op.Unsqueeze(op.Slice(padded, op.Constant(value_ints=starts), op.Constant(value_ints=ends), axes,
+                                          op.Constant(value_ints=list(stride))), op.Constant(value_ints=[2])))
+    return taps[0] if len(taps) == 1 else op.Concat(*taps, axis=2)
 
 
 def _grad_weight_as_conv(grad_output, input, weight, stride, padding, dilation, groups):
