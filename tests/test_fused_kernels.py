@@ -116,6 +116,20 @@ CASES = [
     ("layer_norm_forward_2d", "LayerNorm", [torch.float32, torch.float64],
      lambda d, s: (lambda x: aten.native_layer_norm(x, [5, 16], None, None, 1e-3), _values(d, s, 1))),
     *(
+        (f"max_pool_{name}", "MaxPoolWithIndices", DTYPES,
+         lambda d, s, shape=shape, args=args: (
+             lambda x: (aten.max_pool3d_with_indices if len(args[0]) == 3 else aten.max_pool2d_with_indices)(x, *args),
+             _pool_input(d, s, shape)))
+        for name, shape, args in (
+            ("2d", (2, 3, 8, 8), ([2, 2], [2, 2])),
+            ("2d_default_stride", (2, 3, 8, 8), ([2, 2], [])),
+            ("2d_overlapping_padded", (2, 3, 9, 7), ([3, 3], [2, 2], [1, 1])),
+            ("2d_ceil_dilated", (2, 3, 9, 8), ([3, 2], [2, 3], [1, 0], [2, 1], True)),
+            ("2d_unbatched", (3, 8, 8), ([2, 2], [2, 2])),
+            ("3d", (2, 2, 4, 6, 6), ([2, 2, 2], [2, 2, 2])),
+        )
+    ),
+    *(
         (f"convolution_backward_{name}", "ConvolutionBackward", DTYPES,
          lambda d, s, shapes=shapes, args=args: (
              lambda g, x, w: aten.convolution_backward(g, x, w, *args), *_convolution_args(d, s, shapes)))
@@ -147,6 +161,19 @@ CASES = [
         )
     ),
 ]
+
+
+def _pool_input(dtype: torch.dtype, special: bool, shape) -> torch.Tensor:
+    """A pooling input with ties (equal values in one window); with ``special``, a NaN, infinities and a window of
+    -inf alone."""
+    x = _values(dtype, False, 0, shape).contiguous()
+    flat = x.view(-1)
+    flat[1] = flat[0]
+    if special:
+        flat[[5, 9, 20]] = torch.tensor([NAN, INF, NAN], dtype=dtype)
+        flat[x.shape[-1] * 2: x.shape[-1] * 2 + 2] = -INF
+        flat[x.shape[-1] * 3: x.shape[-1] * 3 + 2] = -INF
+    return x
 
 
 def _convolution_args(dtype: torch.dtype, special: bool, shapes) -> list[torch.Tensor]:
@@ -455,3 +482,44 @@ def test_where_only_with_known_ranks_and_without_the_option_stays_standard():
     graph = compiled_graphs()[-1]
     assert graph.fused_selects == 0 and not graph.fused_kernels
 
+
+
+def test_inferred_shapes_keep_symbolic_sizes():
+    """The library's shape inference names a symbolic size (ONNX Runtime's C++ helper wrote it as -2, which
+    ONNX Runtime 1.32 refuses, and the output was left without a shape): outputs of a select, a max pooling with
+    indices and a layer norm on inputs of symbolic sizes have their rank, their known sizes and a symbol for each
+    other."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from aot2onnx.signature import FUSED_DOMAIN
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])
+    c = helper.make_tensor_value_info("c", TensorProto.BOOL, ["n", 1, 1, "w"])
+    outputs = [helper.make_tensor_value_info(name, t, None) for name, t in (
+        ("picked", TensorProto.FLOAT), ("pooled", TensorProto.FLOAT), ("indices", TensorProto.INT64),
+        ("normed", TensorProto.FLOAT), ("mean", TensorProto.FLOAT), ("rstd", TensorProto.FLOAT))]
+    nodes = [
+        helper.make_node("Where", ["c", "x", "x"], ["picked"], domain=FUSED_DOMAIN),
+        helper.make_node("MaxPoolWithIndices", ["x"], ["pooled", "indices"], domain=FUSED_DOMAIN, kernel_size=[2, 2],
+                         stride=[2, 2], padding=[0, 0], dilation=[1, 1], ceil_mode=0),
+        helper.make_node("LayerNorm", ["x"], ["normed", "mean", "rstd"], domain=FUSED_DOMAIN, normalized_shape=[4],
+                         eps=(1e-5).hex()),
+    ]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x, c], outputs),
+                              opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(FUSED_DOMAIN, 1)],
+                              ir_version=9)
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(fused.library())
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    shapes = {o.name: o.shape for o in session.get_outputs()}
+    assert shapes["picked"] == ["n", 3, "h", "w"]
+    for name in ("pooled", "indices"):
+        assert len(shapes[name]) == 4 and shapes[name][:2] == ["n", 3], shapes
+        assert all(isinstance(d, str) and d for d in shapes[name][2:]), shapes
+    assert shapes["mean"] == ["n", 3, "h", 1], shapes
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 6, 4)).astype(np.float32),
+             "c": np.ones((2, 1, 1, 4), dtype=bool)}
+    picked, pooled, indices, *_ = session.run(None, feeds)
+    assert picked.shape == (2, 3, 6, 4) and pooled.shape == indices.shape == (2, 3, 3, 2)

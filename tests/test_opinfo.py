@@ -431,6 +431,16 @@ def _review(entry: Entry, dtype: torch.dtype, opset: int, fwd: Check, bwd: Check
     return problems, expected_failures
 
 
+def _expected_reason(entry: Entry, dtype: torch.dtype, opset: int, fwd: Check, bwd: Check) -> str:
+    """The expectation's reason for the first failure of a sample (its forward's, else its backward's), for the
+    coverage table's note; empty where nothing failed or nothing expected it."""
+    for kind, check in (("fwd", fwd), ("bwd", bwd)):
+        if check.outcome not in ("pass", "n/a", "blocked"):
+            expected = entry.expected(kind, dtype, opset)
+            return expected.reason if expected is not None and expected.outcome == check.outcome else ""
+    return ""
+
+
 def check_expectations(entry: Entry, dtype: torch.dtype, outcomes: dict[int, tuple[Check, Check]]) -> None:
     """Fails on any outcome the table does not expect; xfails when every failure was expected."""
     fwd = next(iter(outcomes.values()))[0]
@@ -484,6 +494,7 @@ def test_opinfo(name: str) -> None:
                 bwd_ops={op: tuple(sorted(d)) for op, d in result.bwd_ops.items()},
                 no_compute=tuple(k for k in ("fwd", "bwd") if getattr(result, f"{k}_no_compute")),
                 values_compared=result.values_compared,
+                reason=_expected_reason(entry, dtype, opset, fwd, bwd),
             )
         )
     check_expectations(entry, dtype, outcomes)

@@ -23,6 +23,8 @@
 #include <ATen/ops/embedding_dense_backward.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/gelu_backward.h>
+#include <ATen/ops/max_pool2d_with_indices.h>
+#include <ATen/ops/max_pool3d_with_indices.h>
 #include <ATen/ops/hardswish_backward.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
 #include <ATen/ops/native_batch_norm_backward.h>
@@ -114,6 +116,40 @@ double ExactFloat(const Ort::ConstKernelInfo& info, const char* name) {
 
 OrtStatusPtr Failure(const char* what) { return Ort::GetApi().CreateStatus(ORT_RUNTIME_EXCEPTION, what); }
 
+// Sets output `index`'s inferred type and shape. Not the C++ API's ShapeInferContext::SetOutputShape: it writes a
+// symbolic dimension's size as -2, which ONNX Runtime 1.32's SetDimensions refuses ("dim_values must be -1 or
+// larger"), a failure ONNX Runtime then ignores, leaving the output without a shape.
+OrtStatusPtr SetOutput(OrtShapeInferContext* context, size_t index, const Ort::ShapeInferContext::Shape& shape,
+                       ONNXTensorElementDataType type) {
+  const OrtApi& api = Ort::GetApi();
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  if (OrtStatusPtr status = api.CreateTensorTypeAndShapeInfo(&info)) return status;
+  std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> owned(
+      info, api.ReleaseTensorTypeAndShapeInfo);
+  std::vector<int64_t> sizes;
+  std::vector<const char*> symbols;
+  for (const auto& dim : shape) {
+    sizes.push_back(dim.IsInt() ? dim.AsInt() : -1);
+    symbols.push_back(dim.IsInt() ? "" : dim.AsSym());
+  }
+  if (OrtStatusPtr status = api.SetTensorElementType(info, type)) return status;
+  if (OrtStatusPtr status = api.SetDimensions(info, sizes.data(), sizes.size())) return status;
+  if (OrtStatusPtr status = api.SetSymbolicDimensions(info, symbols.data(), symbols.size())) return status;
+  return api.ShapeInferContext_SetOutputTypeShape(context, index, info);
+}
+
+// A dimension for an inferred output shape: `dim` where ONNX Runtime knows it (a size or a symbol), else a
+// symbol of its own (ONNX Runtime writes an unknown size as -1, which it would take for a size).
+Ort::ShapeInferContext::SymbolicInteger Known(const Ort::ShapeInferContext::SymbolicInteger& dim) {
+  if (!dim.IsInt() || dim.AsInt() >= 0) return dim;
+  // The symbol's text must outlive the inference (SymbolicInteger keeps a pointer): kept for the process.
+  static std::mutex lock;
+  static std::deque<std::string> names;
+  std::lock_guard<std::mutex> guard(lock);
+  names.push_back("aot2onnx_fused_" + std::to_string(names.size()));
+  return Ort::ShapeInferContext::SymbolicInteger(names.back().c_str());
+}
+
 // A kernel whose exceptions (ATen's checks, ONNX Runtime's) come back to ONNX Runtime as a failed status.
 template <typename Kernel>
 struct Guarded : Kernel {
@@ -167,7 +203,12 @@ struct FusedOp : Ort::CustomOpBase<Op, Guarded<Kernel>, true> {
       return Op::kLike.size();
     }
   }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
+  // Undefined: the inputs' type, as ONNX Runtime ties an output of undefined type to its dynamically typed input
+  // (shape inference sets shapes only); an op declares an output of another type in kOutputTypes.
+  ONNXTensorElementDataType GetOutputType(size_t index) const {
+    if constexpr (requires { Op::kOutputTypes; }) return Op::kOutputTypes[index];
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
     if constexpr (requires { Op::kOutputsOptional; }) return INPUT_OUTPUT_OPTIONAL;  // the node says which
     return index == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
@@ -432,7 +473,7 @@ struct EmbeddingDenseBackward : FusedOp<EmbeddingDenseBackward, EmbeddingDenseBa
       Ort::ThrowOnError(Ort::GetApi().GetTensorElementType(grad, &type));
       const auto& shape = ctx.GetInputShape(0);
       if (shape.empty()) throw std::runtime_error("aot2onnx fused EmbeddingDenseBackward: a 0-d grad_output");
-      return ctx.SetOutputShape(0, {ctx.GetAttrInt("num_weights"), shape.back()}, type).release();
+      return SetOutput(context, 0, {ctx.GetAttrInt("num_weights"), Known(shape.back())}, type);
     } catch (const std::exception& e) {
       return Failure(e.what());
     }
@@ -487,17 +528,6 @@ struct LayerNormKernel {
   std::vector<int64_t> normalized_shape_;
   double eps_;
 };
-// A dimension for an inferred output shape: `dim` where ONNX Runtime knows it (a size or a symbol), else a
-// symbol of its own (ONNX Runtime writes an unknown size as -1, which it would take for a size).
-Ort::ShapeInferContext::SymbolicInteger Known(const Ort::ShapeInferContext::SymbolicInteger& dim) {
-  if (!dim.IsInt() || dim.AsInt() >= 0) return dim;
-  // The symbol's text must outlive the inference (SymbolicInteger keeps a pointer): kept for the process.
-  static std::mutex lock;
-  static std::deque<std::string> names;
-  std::lock_guard<std::mutex> guard(lock);
-  names.push_back("aot2onnx_fused_" + std::to_string(names.size()));
-  return Ort::ShapeInferContext::SymbolicInteger(names.back().c_str());
-}
 
 struct LayerNorm : FusedOp<LayerNorm, LayerNormKernel> {
   static constexpr const char* kName = "LayerNorm";
@@ -518,9 +548,8 @@ struct LayerNorm : FusedOp<LayerNorm, LayerNormKernel> {
       Ort::ShapeInferContext::Shape stats;
       for (auto it = shape.begin(); it != shape.end() - k; ++it) stats.push_back(Known(*it));
       for (size_t i = 0; i < k; ++i) stats.emplace_back(int64_t{1});
-      Ort::Status status = ctx.SetOutputShape(1, stats, type);
-      if (!status.IsOK()) return status.release();
-      return ctx.SetOutputShape(2, stats, type).release();
+      if (OrtStatusPtr status = SetOutput(context, 1, stats, type)) return status;
+      return SetOutput(context, 2, stats, type);
     } catch (const std::exception& e) {
       return Failure(e.what());
     }
@@ -605,7 +634,11 @@ struct Where : FusedOp<Where, WhereKernel> {
             dim = v;  // a fixed size other than 1 decides
             break;
           }
-          if (!dim) dim = v; else unknown = true;
+          if (!dim) {
+            dim = v;
+          } else if (dim->IsInt() || v.IsInt() || std::string(dim->AsSym()) != v.AsSym()) {
+            unknown = true;  // two different symbols: either may be 1
+          }
         }
         if (!dim) {
           out.emplace_back(int64_t{1});
@@ -615,7 +648,7 @@ struct Where : FusedOp<Where, WhereKernel> {
           out.push_back(Known(*dim));
         }
       }
-      return ctx.SetOutputShape(0, out, type).release();
+      return SetOutput(context, 0, out, type);
     } catch (const std::exception& e) {
       return Failure(e.what());
     }
@@ -687,9 +720,79 @@ struct ConvolutionBackward : FusedOp<ConvolutionBackward, ConvolutionBackwardKer
         } else {
           shape.push_back(Known(Ort::ShapeInferContext::SymbolicInteger(int64_t{-1})));
         }
-        if (Ort::Status status = ctx.SetOutputShape(index++, shape, type); !status.IsOK()) return status.release();
+        if (OrtStatusPtr status = SetOutput(context, index++, shape, type)) return status;
       }
       return nullptr;
+    } catch (const std::exception& e) {
+      return Failure(e.what());
+    }
+  }
+};
+
+// --- max pooling with indices: x -> (values, indices), ATen's kernel -------------------------------------------
+// ATen's max_pool2d/3d_with_indices (eager's kernel: a NaN wins its window at its last position, ties the
+// first, indices counted within each (n, c) plane). ONNX Runtime's MaxPool numbers positions over the whole
+// tensor, lets a NaN win only from some positions, and starts its windows at the most negative finite number:
+// the standard lowering mends that behind an If; on two threads it was also 1.5x slower than ATen here.
+
+struct MaxPoolWithIndicesKernel {
+  explicit MaxPoolWithIndicesKernel(const Ort::ConstKernelInfo& info)
+      : kernel_(info.GetAttributes<int64_t>("kernel_size")), stride_(info.GetAttributes<int64_t>("stride")),
+        padding_(info.GetAttributes<int64_t>("padding")), dilation_(info.GetAttributes<int64_t>("dilation")),
+        ceil_mode_(info.GetAttribute<int64_t>("ceil_mode") != 0) {
+    if (kernel_.size() != 2 && kernel_.size() != 3) {
+      throw std::runtime_error("aot2onnx fused MaxPoolWithIndices: 2-D or 3-D pooling");
+    }
+  }
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    at::Tensor input = Required(ctx, 0);
+    auto [values, indices] = kernel_.size() == 2
+        ? at::max_pool2d_with_indices(input, kernel_, stride_, padding_, dilation_, ceil_mode_)
+        : at::max_pool3d_with_indices(input, kernel_, stride_, padding_, dilation_, ceil_mode_);
+    Output(ctx, 0, values).copy_(values);
+    Output(ctx, 1, indices).copy_(indices);
+  }
+  std::vector<int64_t> kernel_, stride_, padding_, dilation_;
+  bool ceil_mode_;
+};
+struct MaxPoolWithIndices : FusedOp<MaxPoolWithIndices, MaxPoolWithIndicesKernel> {
+  static constexpr const char* kName = "MaxPoolWithIndices";
+  static constexpr size_t kInputs = 1, kRequired = 1, kOutputs = 2;
+  static constexpr std::array<ONNXTensorElementDataType, 2> kOutputTypes{ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED,
+                                                                         ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64};
+
+  // Both outputs: the input's leading dimensions, then each pooled size as ATen's pooling_output_shape computes it
+  // (a symbol where the input's size is one); values in the input's type, indices int64.
+  static OrtStatusPtr InferOutputs(const OrtCustomOp*, OrtShapeInferContext* context) {
+    try {
+      Ort::ShapeInferContext ctx(&Ort::GetApi(), context);
+      OrtTensorTypeAndShapeInfo* x = nullptr;  // owned by the context
+      Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_GetInputTypeShape(context, 0, &x));
+      ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+      Ort::ThrowOnError(Ort::GetApi().GetTensorElementType(x, &type));
+      std::vector<int64_t> kernel = ctx.GetAttrInts("kernel_size"), stride = ctx.GetAttrInts("stride"),
+                           padding = ctx.GetAttrInts("padding"), dilation = ctx.GetAttrInts("dilation");
+      bool ceil_mode = ctx.GetAttrInt("ceil_mode") != 0;
+      const Ort::ShapeInferContext::Shape& in = ctx.GetInputShape(0);
+      size_t spatial = kernel.size();
+      if (in.size() < spatial + 1) throw std::runtime_error("aot2onnx fused MaxPoolWithIndices: input rank too small");
+      Ort::ShapeInferContext::Shape out;
+      for (size_t d = 0; d + spatial < in.size(); ++d) out.push_back(Known(in[d]));
+      for (size_t i = 0; i < spatial; ++i) {
+        const auto& size = in[in.size() - spatial + i];
+        if (!size.IsInt() || size.AsInt() < 0) {
+          out.push_back(Known(Ort::ShapeInferContext::SymbolicInteger(int64_t{-1})));
+          continue;
+        }
+        int64_t numerator = size.AsInt() + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1 +
+                            (ceil_mode ? stride[i] - 1 : 0);
+        int64_t pooled = (numerator >= 0 ? numerator / stride[i] : -((-numerator + stride[i] - 1) / stride[i])) + 1;
+        if (ceil_mode && (pooled - 1) * stride[i] >= size.AsInt() + padding[i]) --pooled;
+        out.emplace_back(pooled);
+      }
+      if (OrtStatusPtr status = SetOutput(context, 0, out, type)) return status;
+      return SetOutput(context, 1, out, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
     } catch (const std::exception& e) {
       return Failure(e.what());
     }
@@ -718,6 +821,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static LayerNorm layer_norm_forward;
   static Where where;
   static ConvolutionBackward convolution_backward;
+  static MaxPoolWithIndices max_pool_with_indices;
   static Ort::CustomOpDomain domain{kDomain};
   static bool added = [] {
     for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&threshold, &gelu, &hardswish, &silu, &tanh_op, &sigmoid,
@@ -725,7 +829,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
                                                                &batch_norm_backward, &group_norm_backward,
                                                                &embedding_dense_backward, &softmax_forward,
                                                                &log_softmax_forward, &layer_norm_forward, &where,
-                                                               &convolution_backward}) {
+                                                               &convolution_backward, &max_pool_with_indices}) {
       domain.Add(op);
     }
     return true;

@@ -236,6 +236,33 @@ def aten_convolution_backward(grad_output, input, weight, bias_sizes, stride, pa
     return tuple(next(outputs) if m else None for m in output_mask)
 
 
+def _max_pool_with_indices(spatial: int):
+    def rule(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode: bool = False):
+        # ATen's kernel: eager's values and indices, its NaN and -inf windows included (the standard lowering
+        # mends ONNX Runtime's MaxPool behind an If). Lists of one size stand for every spatial dimension, an
+        # empty stride for the kernel's.
+        def full(values, default):
+            values = list(values) if values else list(default)
+            return values * spatial if len(values) == 1 else values
+
+        kernel = full(kernel_size, ())
+        sizes = [kernel, full(stride, kernel), full(padding, (0,)), full(dilation, (1,))]
+        if not all(len(v) == spatial and all(isinstance(x, int) for x in v) for v in sizes):
+            raise _NotFused(f"the fused MaxPoolWithIndices takes {spatial} plain sizes per argument")
+        if self.shape is None or len(self.shape) not in (spatial + 1, spatial + 2):
+            raise _NotFused("the fused MaxPoolWithIndices takes a batched or unbatched input of known rank")
+        kernel, stride, padding, dilation = sizes
+        return tuple(_fused("MaxPoolWithIndices", [self], num_outputs=2, kernel_size=kernel, stride=stride,
+                            padding=padding, dilation=dilation, ceil_mode=int(bool(ceil_mode))))
+
+    rule.__name__ = rule.__qualname__ = f"aten_max_pool{spatial}d_with_indices"
+    return rule
+
+
+_or_standard(aten.max_pool2d_with_indices.default)(_max_pool_with_indices(2))
+_or_standard(aten.max_pool3d_with_indices.default)(_max_pool_with_indices(3))
+
+
 # --- forward ops the standard lowering spells out (lower/ops/reductions.py, norm.py): ATen's kernel, one node,
 # eager's values bit for bit. ---
 
