@@ -259,15 +259,7 @@ ENTRIES: dict[str, Entry] = _table([
                                  dtypes=(torch.float16, torch.bfloat16)) for kind in ("fwd", "bwd")),
                          tol={torch.float32: (3e-3, 1e-5)})),
     # --- Complex numbers.
-    ("abs", entry(xfail("unsupported", _COMPLEX + ": the backward of a complex abs divides complex tensors (div.Tensor), "
-                                  "whose torch_lib rule is refused (z / 0 and overflow otherwise than ATen)", kind="bwd",
-                        dtypes=(torch.complex64, torch.complex128)))),
     ("chalf", entry(xfail("lowering", "complex32 has no ONNX equivalent"))),
-    ("mean", entry(xfail("unsupported", _COMPLEX + ": the backward divides the complex gradient by the count "
-                                   "(div.Tensor), whose torch_lib rule is refused (z / 0 and overflow otherwise than "
-                                   "ATen)", kind="bwd", dtypes=(torch.complex64, torch.complex128)))),
-    ("polar", entry(xfail("unsupported", _COMPLEX + ": the backward divides complex tensors (div.Tensor), whose "
-                                    "torch_lib rule is refused (z / 0 and overflow otherwise than ATen)", kind="bwd"))),
     ("linalg.eig", entry(xfail("unsupported", "no lowering for the general (complex) eigendecomposition"))),
     ("linalg.eigvals", entry(xfail("unsupported", "no lowering for the general (complex) eigendecomposition"))),
     # (Results of sums over 10-20 values up to 9 in size: a float32 rounding of them exceeds atol 1e-5.)

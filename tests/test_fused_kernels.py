@@ -523,3 +523,27 @@ def test_inferred_shapes_keep_symbolic_sizes():
              "c": np.ones((2, 1, 1, 4), dtype=bool)}
     picked, pooled, indices, *_ = session.run(None, feeds)
     assert picked.shape == (2, 3, 6, 4) and pooled.shape == indices.shape == (2, 3, 3, 2)
+
+
+def test_max_pooling_is_fused_where_its_indices_are_read():
+    """A training forward saves the pooling's indices for its backward: it runs ATen's kernel (eager's values,
+    its -0.0 then 0.0 window's -0.0 included, and eager's gradient). An inference graph reads no indices: it keeps
+    ONNX Runtime's MaxPool without them, several times faster than ATen's kernel, which computes them."""
+    x = torch.tensor([[[-0.0, 0.0, 0.0, -0.0, -1.0, -0.0, 3.0, NAN]]])
+    fn = lambda t: F.max_pool1d(t, 2, stride=1) * 2  # noqa: E731
+    compiled = torch.compile(fn, backend="aot2onnx", options={"cache": False, "fallback": False})
+    torch._dynamo.reset()
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ye, yc = fn(xe), compiled(xc)
+    assert _same(yc, ye)
+    ye.sum().backward()
+    yc.sum().backward()
+    assert _same(xc.grad, xe.grad)
+    forward = next(g for g in compiled_graphs() if g.kind.value == "forward")
+    assert forward.op_counts.get("MaxPoolWithIndices") == 1, dict(forward.op_counts)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled(x)
+    inference = compiled_graphs()[-1]
+    assert inference.kind.value == "inference" and "MaxPoolWithIndices" not in inference.op_counts, dict(
+        inference.op_counts)

@@ -504,10 +504,10 @@ def test_opinfo(name: str) -> None:
 # aot2onnx.lower.ops.complex and fft). The default run checks their first complex64 sample; the slow run every
 # complex64 and complex128 sample.
 COMPLEX_OPINFOS = tuple(name for name in (
-    "abs", "add", "bmm", "cat", "clone", "conj_physical", "expand", "fft.fft", "fft.fft2", "fft.fftn", "fft.hfft",
+    "abs", "add", "bmm", "cat", "clone", "conj_physical", "div.no_rounding_mode", "expand", "fft.fft", "fft.fft2", "fft.fftn", "fft.hfft",
     "fft.hfft2", "fft.hfftn", "fft.ifft", "fft.ifft2", "fft.ifftn", "fft.irfft", "fft.irfft2", "fft.irfftn", "flip",
-    "imag", "mean", "mm", "mul", "narrow", "neg", "permute", "real", "reshape", "roll", "select", "squeeze", "stack", "sub",
-    "sum", "t", "transpose", "unsqueeze", "view", "view_as_real",
+    "imag", "mean", "mm", "mul", "narrow", "neg", "permute", "real", "reciprocal", "reshape", "roll", "select", "squeeze",
+    "stack", "sub", "sum", "t", "transpose", "true_divide", "unsqueeze", "view", "view_as_real",
 ) if name in OPINFOS and torch.complex64 in OPINFOS[name].supported_dtypes("cpu"))
 COMPLEX_DTYPES = (torch.complex64, torch.complex128)
 

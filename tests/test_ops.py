@@ -784,7 +784,7 @@ DEPTHWISE_WEIGHT_CASES = [
 
 
 @pytest.mark.parametrize("case", DEPTHWISE_WEIGHT_CASES, ids=lambda c: f"in{c[0]}_k{c[1]}_s{c[2]}_p{c[3]}_d{c[4]}")
-def test_depthwise_weight_grad_by_kernel_rows(case):
+def test_depthwise_weight_grad_by_kernel_rows(case, standard_lowering):
     shape, kernel, stride, padding, dilation = case
     channels = shape[1]
     g = torch.Generator().manual_seed(0)
@@ -796,7 +796,7 @@ def test_depthwise_weight_grad_by_kernel_rows(case):
     assert backward.op_counts["Conv"] <= 1, backward.op_counts
 
 
-def test_transposed_depthwise_weight_grad_by_kernel_rows():
+def test_transposed_depthwise_weight_grad_by_kernel_rows(standard_lowering):
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(2, 6, 7, 8, generator=g), torch.randn(6, 1, 3, 3, generator=g)
     graphs = _check_fn(lambda x, w: F.conv_transpose2d(x, w, None, 2, 1, 1, 6), x, w, scale_atol=True)

@@ -86,13 +86,17 @@ class Registry:
         rules.append(rule)
         rules.sort(key=lambda r: (self._PRIORITY[r.origin], -r.opset_introduced))
 
-    def lookup(self, target: Target, opset: int, *, is_complex: bool = False) -> tuple[Rule | None, str]:
-        """The rule to use at ``opset``, or ``None`` and the reason every candidate was rejected."""
+    def lookup(self, target: Target, opset: int, *, is_complex: bool = False,
+               passing_over: str | None = None) -> tuple[Rule | None, str]:
+        """The rule to use at ``opset``, or ``None`` and the reason every candidate was rejected; with
+        ``passing_over`` (an origin), the first rule of another origin."""
         candidates = self._rules.get(_key(target))
         if not candidates:
             return None, "no lowering rule is registered for this op"
         reasons = []
         for rule in candidates:
+            if rule.origin == passing_over:
+                continue
             if rule.opset_introduced > opset:
                 reasons.append(f"{rule.origin} rule {rule.name} needs opset {rule.opset_introduced}")
             elif rule.is_complex != is_complex:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
@@ -372,6 +373,8 @@ def _complex_axes(self, dim) -> list[int]:
     sum and mean passed an empty list on to ONNX, whose reductions then reduce every axis, the pairs' too (the
     sum of a 0-d complex tensor came back 0-d)."""
     rank = _rank(self)
+    if rank == 0:  # ATen takes dim 0 or -1 of a 0-d tensor: nothing to reduce
+        return []
     if dim is None or (not isinstance(dim, int) and len(dim) == 0):
         return list(range(rank))
     return sorted({d % rank for d in ([dim] if isinstance(dim, int) else dim)})
@@ -446,3 +449,96 @@ def aten_copy__complex(self, src, non_blocking: bool = False):
     """copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)"""
     # A written complex input (AOTAutograd's mutation epilogue): the runtime copies the pairs into its memory.
     return aten_copy_complex(self, src, non_blocking)
+
+
+# ------------------------------------------------------------------------------------------------- division
+#
+# ATen divides complex numbers as numpy does (c10::complex's operator/=, which its CPU kernels call per element):
+# scaled by the divisor's larger part, so that |divisor| up to the dtype's maximum does not overflow, and z / 0
+# is a complex infinity or NaN part by part. Each branch is computed everywhere and the element's own taken
+# (a branch's inf or NaN elsewhere is not read). torch_lib's rule, (ac + bd, bc - ad) / (c^2 + d^2), is refused
+# at dispatch: it gave NaN for eager's inf at z / 0 and 0 for eager's 2.4e-31 where c^2 + d^2 overflows.
+
+def _divided(numerator, divisor):
+    """``numerator / divisor``, both complex pairs (broadcast), as c10::complex divides."""
+    a, b = real_part(numerator), imag_part(numerator)
+    c, d = real_part(divisor), imag_part(divisor)
+    one = op.CastLike(op.Constant(value=ir.tensor(1.0, dtype=ir.DataType.DOUBLE)), c)
+    zero = op.CastLike(op.Constant(value=ir.tensor(0.0, dtype=ir.DataType.DOUBLE)), c)
+    abs_c, abs_d = op.Abs(c), op.Abs(d)
+    real_major = op.GreaterOrEqual(abs_c, abs_d)  # False where either part is NaN: ATen's else branch
+    both_zero = op.And(op.Equal(abs_c, zero), op.Equal(abs_d, zero))
+    # |c| >= |d| (and not both zero): rat = d / c, scl = 1 / (c + d rat)
+    rat = op.Div(d, c)
+    scl = op.Div(one, op.Add(c, op.Mul(d, rat)))
+    re_1 = op.Mul(op.Add(a, op.Mul(b, rat)), scl)
+    im_1 = op.Mul(op.Sub(b, op.Mul(a, rat)), scl)
+    # |c| < |d|: rat = c / d, scl = 1 / (d + c rat)
+    rat_2 = op.Div(c, d)
+    scl_2 = op.Div(one, op.Add(d, op.Mul(c, rat_2)))
+    re_2 = op.Mul(op.Add(op.Mul(a, rat_2), b), scl_2)
+    im_2 = op.Mul(op.Sub(op.Mul(b, rat_2), a), scl_2)
+    # both zero: a / |c|, b / |d| (inf or NaN, as IEEE divides)
+    re_0, im_0 = op.Div(a, abs_c), op.Div(b, abs_d)
+    re = op.Where(real_major, op.Where(both_zero, re_0, re_1), re_2)
+    im = op.Where(real_major, op.Where(both_zero, im_0, im_1), im_2)
+    return pairs(re, im)
+
+
+def _complex_number(number, like):
+    """A Python number as a complex pair in ``like``'s dtype (rounded once from the double)."""
+    number = complex(number)
+    value = op.CastLike(op.Constant(value=ir.tensor([number.real, number.imag], dtype=ir.DataType.DOUBLE)), like)
+    mark_complex(value)
+    return value
+
+
+@project_rule(aten.div.Tensor, is_complex=True)
+def aten_div_complex(self, other):
+    """div.Tensor(Tensor self, Tensor other) -> Tensor"""
+    if isinstance(other, (bool, int, float, complex)):  # a Python number (FX keeps it as it is)
+        return _divided_by_number(self, other)
+    like = next(v for v in (self, other) if isinstance(v, ir.Value) and is_complex_value(v))
+    self, other = (_complex_number(v, like) if isinstance(v, (bool, int, float, complex)) else _promoted(v, like)
+                   for v in (self, other))
+    return _divided(self, other)
+
+
+def _divided_by_number(numerator, number):
+    """``numerator / number`` for a Python number: c10::complex's division with the branch chosen here and its
+    constants rat and scl computed in the tensor's dtype, as ATen computes them per element (no constant branch
+    left for the graph to fold, whose divisions by zero numpy warns about)."""
+    parts = _PARTS.get(numerator.dtype, numerator.dtype)
+    real = np.float64 if parts == ir.DataType.DOUBLE else np.float32
+    number = complex(number)
+    c, d = real(number.real), real(number.imag)
+    a, b = real_part(numerator), imag_part(numerator)
+
+    def constant(value):
+        return op.CastLike(op.Constant(value=ir.tensor(np.array(value, dtype=real))), a)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if abs(c) >= abs(d):
+            if c == 0 and d == 0:
+                return pairs(op.Div(a, constant(abs(c))), op.Div(b, constant(abs(d))))
+            rat = d / c
+            scl = real(1) / (c + d * rat)
+            return pairs(op.Mul(op.Add(a, op.Mul(b, constant(rat))), constant(scl)),
+                         op.Mul(op.Sub(b, op.Mul(a, constant(rat))), constant(scl)))
+        rat = c / d
+        scl = real(1) / (d + c * rat)
+        return pairs(op.Mul(op.Add(op.Mul(a, constant(rat)), b), constant(scl)),
+                     op.Mul(op.Sub(op.Mul(b, constant(rat)), a), constant(scl)))
+
+
+@project_rule(aten.div.Scalar, is_complex=True)
+def aten_div_scalar_complex(self, other):
+    """div.Scalar(Tensor self, Scalar other) -> Tensor"""
+    return _divided_by_number(self, other)
+
+
+@project_rule(aten.reciprocal.default, is_complex=True)
+def aten_reciprocal_complex(self):
+    """reciprocal(Tensor self) -> Tensor"""
+    # ATen's complex reciprocal is complex(1) / z, the same division.
+    return _divided(_complex_number(1.0, self), self)
