@@ -1590,3 +1590,27 @@ def test_int64_products_wrap_as_atens():
     compiled = torch.compile(fn, backend=aot2onnx.backend(fallback=False))(b, m)
     for i, (c, e) in enumerate(zip(compiled, fn(b, m))):
         assert c.dtype == e.dtype and c.shape == e.shape and torch.equal(c, e), f"output {i}: {c} != {e}"
+
+
+@pytest.mark.parametrize("special", [float("inf"), float("-inf"), float("nan")], ids=["inf", "-inf", "nan"])
+def test_conv_weight_grad_of_a_non_finite_input_is_eagers(special, standard_lowering):
+    """The standard lowering unfolds the input by a one-hot convolution on the CPU, which multiplies each element
+    by the zeros of the other kernel offsets too: an infinite input made NaN where eager's weight gradient is inf.
+    Such an input now takes the slices (the one-hot convolution runs where the input's sum is finite)."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 3, 8, 8, generator=g), torch.randn(4, 3, 3, 3, generator=g)
+    x[0, 1, 3, 3] = special
+    grads = []
+    for compiled in (False, True):
+        xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+        fn = lambda x, w: F.conv2d(x, w, None, 1, 1)  # noqa: E731
+        if compiled:
+            torch._dynamo.reset()
+            fn = torch.compile(fn, backend=aot2onnx.backend(fallback=False, cache=False))
+        fn(xc, wc).sum().backward()
+        grads.append(wc.grad)
+    eager, ours = grads
+    assert torch.equal(ours.isnan(), eager.isnan()) and torch.equal(ours.isinf(), eager.isinf())
+    finite = eager.isfinite()
+    torch.testing.assert_close(ours[finite], eager[finite], rtol=1e-5, atol=1e-5)
+    assert torch.equal(ours[eager.isinf()], eager[eager.isinf()])

@@ -12,7 +12,7 @@ from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
 from aot2onnx.lower.ops._common import rounded_to, static_dims
-from aot2onnx.lower.ops._control import on_device
+from aot2onnx.lower.ops._control import cond, on_device
 from aot2onnx.lower.registry import project_rule
 
 aten = torch.ops.aten
@@ -219,15 +219,27 @@ def _grad_weight_unfolded(grad_output, input, weight, stride, padding, dilation,
     # The unfolded input and the one-hot kernel below must both stay small.
     if n * c_in * taps * positions > _UNFOLD_LIMIT or c_in * taps**2 > 1 << 22:
         return None
-    if on_device() and taps <= _SLICED_UNFOLD_TAPS:
+    if taps > _SLICED_UNFOLD_TAPS:
+        cols = _unfolded_by_one_hot(input, c_in, kernel, taps, stride, padding, dilation)
+    elif on_device():
         cols = _unfolded_by_slices(input, kernel, out, stride, padding, dilation)
     else:
-        # The unfolding is itself a convolution: group i has one output channel per kernel offset, whose
-        # kernel is 1 at that offset, so output channel i*K + k is input channel i shifted by k (with the
-        # forward's padding, stride and dilation), the order of the weight's flattened (Cin/g, *k).
-        one_hot = np.tile(np.eye(taps, dtype=np.float32).reshape(taps, 1, *kernel), (c_in, 1, *[1] * len(kernel)))
-        shifts = op.CastLike(op.Constant(value=ir.tensor(one_hot)), input)
-        cols = op.Conv(input, shifts, strides=stride, pads=list(padding) * 2, dilations=dilation, group=c_in)
+        # On the CPU the one-hot convolution is 10-45% faster than the slices, but it multiplies every element
+        # by the zeros of the other offsets too: an infinite input would make NaN where eager's gradient is
+        # inf. It runs where the input is finite (its sum is: one pass), the slices elsewhere.
+        total = op.ReduceSum(input, keepdims=0)
+        finite = op.Not(op.Or(op.IsNaN(total), op.IsInf(total)))
+        rows = op.Constant(value_ints=[n, groups, c_in // groups * taps, positions])
+
+        def as_rows(unfolded):
+            value = op.Reshape(unfolded, rows)
+            value.dtype = input.dtype
+            return [value]
+
+        cols = cond(finite,
+                    lambda: as_rows(_unfolded_by_one_hot(input, c_in, kernel, taps, stride, padding, dilation)),
+                    lambda: as_rows(_unfolded_by_slices(input, kernel, out, stride, padding, dilation)),
+                    exact_then=True)[0]
     cols = op.Reshape(cols, op.Constant(value_ints=[n, groups, c_in // groups * taps, positions]))
     # The product is taken transposed, (Cin/g * K, P) @ (P, Cout/g) per sample, and the sum over N
     # transposed back: ONNX Runtime packs the product's right operand, and dY is the smaller one.
@@ -247,6 +259,16 @@ def _grad_weight_unfolded(grad_output, input, weight, stride, padding, dilation,
 
 # On CUDA the unfolding is Slices of the padded input where the kernel has at most this many offsets.
 _SLICED_UNFOLD_TAPS = 64
+
+
+def _unfolded_by_one_hot(input, c_in, kernel, taps, stride, padding, dilation):
+    """The input unfolded for the weight gradient, (N, Cin * K, *out), by a convolution: group i has one output
+    channel per kernel offset, whose kernel is 1 at that offset, so output channel i*K + k is input channel i
+    shifted by k (with the forward's padding, stride and dilation), the order of the weight's flattened
+    (Cin/g, *k). Exact only for finite inputs (inf * 0 is NaN)."""
+    one_hot = np.tile(np.eye(taps, dtype=np.float32).reshape(taps, 1, *kernel), (c_in, 1, *[1] * len(kernel)))
+    shifts = op.CastLike(op.Constant(value=ir.tensor(one_hot)), input)
+    return op.Conv(input, shifts, strides=stride, pads=list(padding) * 2, dilations=dilation, group=c_in)
 
 
 def _unfolded_by_slices(input, kernel, out, stride, padding, dilation):
