@@ -142,6 +142,8 @@ _budget(Tol(out=2, abs=4, abs_n=2), "logsumexp")
 _budget(Tol(out=6, out_n=2), "_softmax")  # exp, an all-positive sum, a division
 _budget(Tol(inp=1, out=1, abs=4, abs_n=2), "_log_softmax")
 _budget(Tol(inp_n=1, out=1), "mm", "bmm", "addmm")  # n = inner size; out: the bias
+# sums of n terms (see _terms), zero sums' signs by the summation's start (ONNX Runtime's GEMM starts from +0)
+_budget(Tol(inp_n=1, out=1), "convolution", "convolution_backward")
 _budget(Tol(inp_n=1, out=1), "avg_pool2d", "avg_pool2d_backward", "_adaptive_avg_pool2d",
         "_adaptive_avg_pool2d_backward")
 _budget(Tol(inp_n=1), "index_add", "scatter_add")  # n = how many sources one element can receive
@@ -609,6 +611,37 @@ def _gen_pool(g: _Gen) -> bool:
     return g.try_add(op, f"F.adaptive_avg_pool2d({{0}}{reshape}, ({oh}, {ow}))", [a])
 
 
+def _gen_conv(g: _Gen) -> bool:
+    """A 2-D convolution of a tensor seen as NCHW, its weight (and bias) cut from other values: ungrouped or
+    depthwise, strided, padded, kernels 1-3 (programs of ``generate(convolutions=True)``)."""
+    rng = g.rng
+    a = g.pick()
+    reshape, (n, c, h, w) = _as_nchw(g.shape(a))
+    k = rng.choice((1, 2, 3, 3))
+    stride, padding = rng.choice((1, 1, 2)), rng.choice((0, 1, 1))
+    if h + 2 * padding < k or w + 2 * padding < k:
+        return False
+    groups = c if c > 1 and rng.random() < 0.3 else 1
+    out_channels = groups * rng.choice((1, 2, 3))
+    need = out_channels * (c // groups) * k * k
+    weights = [m for m in g.pool if g.env[m].numel() >= need]
+    if not weights:
+        return False
+    b = rng.choice(weights)
+    # Finite values only: ONNX Runtime's convolution multiplies the padding's zeros by the weights (im2col), where
+    # eager's skips them, so an infinite weight makes NaN there (README, exactness: not emulated).
+    if not (torch.isfinite(g.env[a]).all() and torch.isfinite(g.env[b].reshape(-1)[:need]).all()):
+        return False
+    weight = f"{{1}}.reshape(-1)[:{need}].reshape({out_channels}, {c // groups}, {k}, {k})"
+    biases = [m for m in g.pool if g.env[m].numel() >= out_channels]
+    if rng.random() < 0.5:
+        bias = rng.choice(biases)
+        return g.try_add("conv2d", f"F.conv2d({{0}}{reshape}, {weight}, {{2}}.reshape(-1)[:{out_channels}], "
+                                   f"stride={stride}, padding={padding}, groups={groups})", [a, b, bias])
+    return g.try_add("conv2d", f"F.conv2d({{0}}{reshape}, {weight}, stride={stride}, padding={padding}, "
+                               f"groups={groups})", [a, b])
+
+
 def _affine(g: _Gen, size: int) -> tuple[str, str, list[str]]:
     """(weight, bias) expressions over extra args {1}, {2} for an affine of ``size`` elements, or None."""
     pool = [n for n in g.pool if g.env[n].numel() >= size]
@@ -730,18 +763,20 @@ def _input_shapes(g: _Gen) -> list[tuple[int, ...]]:
 # Complex programs: the families above and statements through complex values (generate(seed, spectral=True)).
 # A family list of its own, so that adding it changes no other seed's program.
 _SPECTRAL_FAMILIES = (*_FAMILIES, (_gen_spectral, 6.0))
+_CONV_FAMILIES = (*_FAMILIES, (_gen_conv, 14.0))
 
 
-def generate(seed: int, *, spectral: bool = False) -> Program:
+def generate(seed: int, *, spectral: bool = False, convolutions: bool = False) -> Program:
     """The program of ``seed``: the same program, inputs and constants for the same seed. ``spectral``: with
-    statements through complex values (FFTs, complex products), each real in and out."""
+    statements through complex values (FFTs, complex products), each real in and out; ``convolutions``: with
+    2-D convolutions."""
     g = _Gen(seed)
     inputs = [g.input_tensor(s) for s in _input_shapes(g)]
     for i, x in enumerate(inputs):
         g.env[f"x{i}"] = x
         g.pool.append(f"x{i}")
     length = g.rng.randint(3, 10)
-    families, weights = zip(*(_SPECTRAL_FAMILIES if spectral else _FAMILIES))
+    families, weights = zip(*(_SPECTRAL_FAMILIES if spectral else _CONV_FAMILIES if convolutions else _FAMILIES))
     attempts = 0
     while len(g.stmts) < length and attempts < 200:
         attempts += 1
@@ -794,6 +829,11 @@ def _terms(name: str, args: Sequence[Any], out: Any) -> int:
         return first.shape[args[1]] if first.dim() else 1
     if name in ("mm", "bmm"):
         return first.shape[-1]
+    if name == "convolution":  # per output: in_channels / groups * kernel terms, and the bias
+        return max(1, math.prod(args[1].shape[1:])) + 1
+    if name == "convolution_backward":  # the input's gradient: out_channels * kernel; the weight's: N * output
+        grad, weight = args[0], args[2]
+        return max(1, grad.shape[0] * math.prod(grad.shape[2:]), weight.shape[0] * math.prod(weight.shape[2:]))
     if name == "addmm":
         return args[1].shape[-1]
     if name in ("avg_pool2d", "avg_pool2d_backward"):
