@@ -76,15 +76,20 @@ at::ScalarType ScalarTypeOf(ONNXTensorElementDataType type) {
   }
 }
 
-// ONNX Runtime's input `index` as an ATen tensor on the same memory (contiguous: ONNX tensors have no
-// strides); nullopt for an optional input that is absent.
+// `value` as an ATen tensor on the same memory (contiguous: ONNX tensors have no strides), of its own element
+// type or of `as` (read as other elements of the same size).
+at::Tensor View(const Ort::ConstValue& value, std::optional<at::ScalarType> as = std::nullopt) {
+  auto info = value.GetTensorTypeAndShapeInfo();
+  return at::from_blob(const_cast<void*>(value.GetTensorRawData()), info.GetShape(),
+                       at::TensorOptions().dtype(as ? *as : ScalarTypeOf(info.GetElementType())));
+}
+
+// ONNX Runtime's input `index` as an ATen tensor (View); nullopt for an optional input that is absent.
 std::optional<at::Tensor> Input(Ort::KernelContext& ctx, size_t index) {
   if (index >= ctx.GetInputCount()) return std::nullopt;
   Ort::ConstValue value = ctx.GetInput(index);
   if (!value) return std::nullopt;
-  auto info = value.GetTensorTypeAndShapeInfo();
-  return at::from_blob(const_cast<void*>(value.GetTensorRawData()), info.GetShape(),
-                       at::TensorOptions().dtype(ScalarTypeOf(info.GetElementType())));
+  return View(value);
 }
 
 at::Tensor Required(Ort::KernelContext& ctx, size_t index) {
@@ -138,6 +143,15 @@ OrtStatusPtr SetOutput(OrtShapeInferContext* context, size_t index, const Ort::S
   return api.ShapeInferContext_SetOutputTypeShape(context, index, info);
 }
 
+// Input `index`'s element type, in a shape inference.
+ONNXTensorElementDataType InputType(OrtShapeInferContext* context, size_t index) {
+  OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by the context
+  Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_GetInputTypeShape(context, index, &info));
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  Ort::ThrowOnError(Ort::GetApi().GetTensorElementType(info, &type));
+  return type;
+}
+
 // A dimension for an inferred output shape: `dim` where ONNX Runtime knows it (a size or a symbol), else a
 // symbol of its own (ONNX Runtime writes an unknown size as -1, which it would take for a size).
 Ort::ShapeInferContext::SymbolicInteger Known(const Ort::ShapeInferContext::SymbolicInteger& dim) {
@@ -149,6 +163,9 @@ Ort::ShapeInferContext::SymbolicInteger Known(const Ort::ShapeInferContext::Symb
   names.push_back("aot2onnx_fused_" + std::to_string(names.size()));
   return Ort::ShapeInferContext::SymbolicInteger(names.back().c_str());
 }
+
+// A size inference cannot tell: a symbol of its own.
+Ort::ShapeInferContext::SymbolicInteger Unknown() { return Known(Ort::ShapeInferContext::SymbolicInteger(int64_t{-1})); }
 
 // A kernel whose exceptions (ATen's checks, ONNX Runtime's) come back to ONNX Runtime as a failed status.
 template <typename Kernel>
@@ -175,7 +192,7 @@ template <typename Op, typename Kernel>
 struct FusedOp : Ort::CustomOpBase<Op, Guarded<Kernel>, true> {
   FusedOp() {
     if constexpr (requires { &Op::InferOutputs; }) {
-      OrtCustomOp::InferOutputShapeFn = &Op::InferOutputs;
+      OrtCustomOp::InferOutputShapeFn = &InferGuarded;
     } else {
       OrtCustomOp::InferOutputShapeFn = &InferLikeInputs;
     }
@@ -212,6 +229,16 @@ struct FusedOp : Ort::CustomOpBase<Op, Guarded<Kernel>, true> {
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
     if constexpr (requires { Op::kOutputsOptional; }) return INPUT_OUTPUT_OPTIONAL;  // the node says which
     return index == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+  }
+
+  // The op's own InferOutputs(ctx, context), its exceptions returned as a failed status.
+  static OrtStatusPtr InferGuarded(const OrtCustomOp*, OrtShapeInferContext* context) {
+    try {
+      Ort::ShapeInferContext ctx(&Ort::GetApi(), context);
+      return Op::InferOutputs(ctx, context);
+    } catch (const std::exception& e) {
+      return Failure(e.what());
+    }
   }
 
   static OrtStatusPtr InferLikeInputs(const OrtCustomOp*, OrtShapeInferContext* ctx) {
@@ -464,19 +491,11 @@ struct EmbeddingDenseBackward : FusedOp<EmbeddingDenseBackward, EmbeddingDenseBa
   static constexpr size_t kInputs = 2, kRequired = 2, kOutputs = 1;
 
   // The output: grad_output's type, in [num_weights, grad_output's last dimension].
-  static OrtStatusPtr InferOutputs(const OrtCustomOp*, OrtShapeInferContext* context) {
-    try {
-      Ort::ShapeInferContext ctx(&Ort::GetApi(), context);
-      OrtTensorTypeAndShapeInfo* grad = nullptr;  // owned by the context
-      Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_GetInputTypeShape(context, 0, &grad));
-      ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-      Ort::ThrowOnError(Ort::GetApi().GetTensorElementType(grad, &type));
-      const auto& shape = ctx.GetInputShape(0);
-      if (shape.empty()) throw std::runtime_error("aot2onnx fused EmbeddingDenseBackward: a 0-d grad_output");
-      return SetOutput(context, 0, {ctx.GetAttrInt("num_weights"), Known(shape.back())}, type);
-    } catch (const std::exception& e) {
-      return Failure(e.what());
-    }
+  static OrtStatusPtr InferOutputs(Ort::ShapeInferContext& ctx, OrtShapeInferContext* context) {
+    const ONNXTensorElementDataType type = InputType(context, 0);
+    const auto& shape = ctx.GetInputShape(0);
+    if (shape.empty()) throw std::runtime_error("aot2onnx fused EmbeddingDenseBackward: a 0-d grad_output");
+    return SetOutput(context, 0, {ctx.GetAttrInt("num_weights"), Known(shape.back())}, type);
   }
 };
 
@@ -534,25 +553,19 @@ struct LayerNorm : FusedOp<LayerNorm, LayerNormKernel> {
   static constexpr size_t kInputs = 3, kRequired = 1, kOutputs = 3;
 
   // output: the input's type and shape; mean and rstd: the input's type, its leading dimensions, then 1s.
-  static OrtStatusPtr InferOutputs(const OrtCustomOp*, OrtShapeInferContext* context) {
-    try {
-      Ort::ShapeInferContext ctx(&Ort::GetApi(), context);
-      OrtTensorTypeAndShapeInfo* input = nullptr;  // owned by the context
-      Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_GetInputTypeShape(context, 0, &input));
-      ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-      Ort::ThrowOnError(Ort::GetApi().GetTensorElementType(input, &type));
-      auto shape = ctx.GetInputShape(0);
-      const size_t k = ctx.GetAttrInts("normalized_shape").size();
-      if (k > shape.size()) throw std::runtime_error("aot2onnx fused LayerNorm: more normalized dimensions than the input's");
-      Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_SetOutputTypeShape(context, 0, input));
-      Ort::ShapeInferContext::Shape stats;
-      for (auto it = shape.begin(); it != shape.end() - k; ++it) stats.push_back(Known(*it));
-      for (size_t i = 0; i < k; ++i) stats.emplace_back(int64_t{1});
-      if (OrtStatusPtr status = SetOutput(context, 1, stats, type)) return status;
-      return SetOutput(context, 2, stats, type);
-    } catch (const std::exception& e) {
-      return Failure(e.what());
-    }
+  static OrtStatusPtr InferOutputs(Ort::ShapeInferContext& ctx, OrtShapeInferContext* context) {
+    OrtTensorTypeAndShapeInfo* input = nullptr;  // owned by the context
+    Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_GetInputTypeShape(context, 0, &input));
+    const ONNXTensorElementDataType type = InputType(context, 0);
+    auto shape = ctx.GetInputShape(0);
+    const size_t k = ctx.GetAttrInts("normalized_shape").size();
+    if (k > shape.size()) throw std::runtime_error("aot2onnx fused LayerNorm: more normalized dimensions than the input's");
+    Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_SetOutputTypeShape(context, 0, input));
+    Ort::ShapeInferContext::Shape stats;
+    for (auto it = shape.begin(); it != shape.end() - k; ++it) stats.push_back(Known(*it));
+    for (size_t i = 0; i < k; ++i) stats.emplace_back(int64_t{1});
+    if (OrtStatusPtr status = SetOutput(context, 1, stats, type)) return status;
+    return SetOutput(context, 2, stats, type);
   }
 };
 
@@ -584,11 +597,6 @@ at::ScalarType BytesOf(ONNXTensorElementDataType type) {
   }
 }
 
-at::Tensor AsBytes(const Ort::ConstValue& value, at::ScalarType as) {
-  auto info = value.GetTensorTypeAndShapeInfo();
-  return at::from_blob(const_cast<void*>(value.GetTensorRawData()), info.GetShape(), at::TensorOptions().dtype(as));
-}
-
 struct WhereKernel {
   explicit WhereKernel(const Ort::ConstKernelInfo&) {}
   void Compute(OrtKernelContext* context) {
@@ -600,7 +608,7 @@ struct WhereKernel {
       throw std::runtime_error("aot2onnx fused Where: a bool condition and two tensors of one type");
     }
     const at::ScalarType bytes = BytesOf(type);
-    at::Tensor c = AsBytes(condition, at::kBool), a = AsBytes(x, bytes), b = AsBytes(y, bytes);
+    at::Tensor c = View(condition, at::kBool), a = View(x, bytes), b = View(y, bytes);
     const auto shape = at::infer_size_dimvector(at::infer_size_dimvector(c.sizes(), a.sizes()), b.sizes());
     at::Tensor out = Output(ctx, 0, shape, a.options());
     at::where_out(out, c, a, b);
@@ -611,47 +619,39 @@ struct Where : FusedOp<Where, WhereKernel> {
   static constexpr size_t kInputs = 3, kRequired = 3, kOutputs = 1;
 
   // x's type, in the three inputs' broadcast shape (a dimension unknown where no input fixes it).
-  static OrtStatusPtr InferOutputs(const OrtCustomOp*, OrtShapeInferContext* context) {
-    try {
-      Ort::ShapeInferContext ctx(&Ort::GetApi(), context);
-      OrtTensorTypeAndShapeInfo* x = nullptr;  // owned by the context
-      Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_GetInputTypeShape(context, 1, &x));
-      ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-      Ort::ThrowOnError(Ort::GetApi().GetTensorElementType(x, &type));
-      std::array<Ort::ShapeInferContext::Shape, 3> shapes{ctx.GetInputShape(0), ctx.GetInputShape(1),
-                                                          ctx.GetInputShape(2)};
-      size_t rank = 0;
-      for (const auto& s : shapes) rank = std::max(rank, s.size());
-      Ort::ShapeInferContext::Shape out;
-      for (size_t d = 0; d < rank; ++d) {
-        std::optional<Ort::ShapeInferContext::SymbolicInteger> dim;
-        bool unknown = false;
-        for (const auto& s : shapes) {
-          if (d + s.size() < rank) continue;  // a missing leading dimension: broadcast
-          const auto& v = s[d + s.size() - rank];
-          if (v.IsInt() && v.AsInt() == 1) continue;
-          if (v.IsInt() && v.AsInt() >= 0) {
-            dim = v;  // a fixed size other than 1 decides
-            break;
-          }
-          if (!dim) {
-            dim = v;
-          } else if (dim->IsInt() || v.IsInt() || std::string(dim->AsSym()) != v.AsSym()) {
-            unknown = true;  // two different symbols: either may be 1
-          }
+  static OrtStatusPtr InferOutputs(Ort::ShapeInferContext& ctx, OrtShapeInferContext* context) {
+    const ONNXTensorElementDataType type = InputType(context, 1);
+    std::array<Ort::ShapeInferContext::Shape, 3> shapes{ctx.GetInputShape(0), ctx.GetInputShape(1),
+                                                        ctx.GetInputShape(2)};
+    size_t rank = 0;
+    for (const auto& s : shapes) rank = std::max(rank, s.size());
+    Ort::ShapeInferContext::Shape out;
+    for (size_t d = 0; d < rank; ++d) {
+      std::optional<Ort::ShapeInferContext::SymbolicInteger> dim;
+      bool unknown = false;
+      for (const auto& s : shapes) {
+        if (d + s.size() < rank) continue;  // a missing leading dimension: broadcast
+        const auto& v = s[d + s.size() - rank];
+        if (v.IsInt() && v.AsInt() == 1) continue;
+        if (v.IsInt() && v.AsInt() >= 0) {
+          dim = v;  // a fixed size other than 1 decides
+          break;
         }
         if (!dim) {
-          out.emplace_back(int64_t{1});
-        } else if (unknown && !dim->IsInt()) {
-          out.push_back(Known(Ort::ShapeInferContext::SymbolicInteger(int64_t{-1})));  // two symbols: unknown
-        } else {
-          out.push_back(Known(*dim));
+          dim = v;
+        } else if (dim->IsInt() || v.IsInt() || std::string(dim->AsSym()) != v.AsSym()) {
+          unknown = true;  // two different symbols: either may be 1
         }
       }
-      return SetOutput(context, 0, out, type);
-    } catch (const std::exception& e) {
-      return Failure(e.what());
+      if (!dim) {
+        out.emplace_back(int64_t{1});
+      } else if (unknown && !dim->IsInt()) {
+        out.push_back(Unknown());  // two symbols: unknown
+      } else {
+        out.push_back(Known(*dim));
+      }
     }
+    return SetOutput(context, 0, out, type);
   }
 };
 
@@ -697,35 +697,27 @@ struct ConvolutionBackward : FusedOp<ConvolutionBackward, ConvolutionBackwardKer
   static constexpr bool kOutputsOptional = true;
 
   // In output_mask's order: the input's shape, the weight's, and [output channels], each in grad_output's type.
-  static OrtStatusPtr InferOutputs(const OrtCustomOp*, OrtShapeInferContext* context) {
-    try {
-      Ort::ShapeInferContext ctx(&Ort::GetApi(), context);
-      OrtTensorTypeAndShapeInfo* grad = nullptr;  // owned by the context
-      Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_GetInputTypeShape(context, 0, &grad));
-      ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-      Ort::ThrowOnError(Ort::GetApi().GetTensorElementType(grad, &type));
-      std::vector<int64_t> mask = ctx.GetAttrInts("output_mask");
-      Ort::ShapeInferContext::Shape weight = ctx.GetInputShape(2);
-      bool transposed = ctx.GetAttrInt("transposed") != 0;
-      size_t index = 0;
-      for (size_t i = 0; i < 3 && i < mask.size(); ++i) {
-        if (!mask[i]) continue;
-        Ort::ShapeInferContext::Shape shape;
-        if (i < 2) {
-          for (const auto& d : ctx.GetInputShape(i + 1)) shape.push_back(Known(d));
-        } else if (!transposed && !weight.empty()) {
-          shape.push_back(Known(weight[0]));
-        } else if (transposed && weight.size() > 1 && weight[1].IsInt()) {
-          shape.emplace_back(weight[1].AsInt() * ctx.GetAttrInt("groups"));
-        } else {
-          shape.push_back(Known(Ort::ShapeInferContext::SymbolicInteger(int64_t{-1})));
-        }
-        if (OrtStatusPtr status = SetOutput(context, index++, shape, type)) return status;
+  static OrtStatusPtr InferOutputs(Ort::ShapeInferContext& ctx, OrtShapeInferContext* context) {
+    const ONNXTensorElementDataType type = InputType(context, 0);
+    std::vector<int64_t> mask = ctx.GetAttrInts("output_mask");
+    Ort::ShapeInferContext::Shape weight = ctx.GetInputShape(2);
+    bool transposed = ctx.GetAttrInt("transposed") != 0;
+    size_t index = 0;
+    for (size_t i = 0; i < 3 && i < mask.size(); ++i) {
+      if (!mask[i]) continue;
+      Ort::ShapeInferContext::Shape shape;
+      if (i < 2) {
+        for (const auto& d : ctx.GetInputShape(i + 1)) shape.push_back(Known(d));
+      } else if (!transposed && !weight.empty()) {
+        shape.push_back(Known(weight[0]));
+      } else if (transposed && weight.size() > 1 && weight[1].IsInt()) {
+        shape.emplace_back(weight[1].AsInt() * ctx.GetAttrInt("groups"));
+      } else {
+        shape.push_back(Unknown());
       }
-      return nullptr;
-    } catch (const std::exception& e) {
-      return Failure(e.what());
+      if (OrtStatusPtr status = SetOutput(context, index++, shape, type)) return status;
     }
+    return nullptr;
   }
 };
 
@@ -764,38 +756,30 @@ struct MaxPoolWithIndices : FusedOp<MaxPoolWithIndices, MaxPoolWithIndicesKernel
 
   // Both outputs: the input's leading dimensions, then each pooled size as ATen's pooling_output_shape computes it
   // (a symbol where the input's size is one); values in the input's type, indices int64.
-  static OrtStatusPtr InferOutputs(const OrtCustomOp*, OrtShapeInferContext* context) {
-    try {
-      Ort::ShapeInferContext ctx(&Ort::GetApi(), context);
-      OrtTensorTypeAndShapeInfo* x = nullptr;  // owned by the context
-      Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_GetInputTypeShape(context, 0, &x));
-      ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-      Ort::ThrowOnError(Ort::GetApi().GetTensorElementType(x, &type));
-      std::vector<int64_t> kernel = ctx.GetAttrInts("kernel_size"), stride = ctx.GetAttrInts("stride"),
-                           padding = ctx.GetAttrInts("padding"), dilation = ctx.GetAttrInts("dilation");
-      bool ceil_mode = ctx.GetAttrInt("ceil_mode") != 0;
-      const Ort::ShapeInferContext::Shape& in = ctx.GetInputShape(0);
-      size_t spatial = kernel.size();
-      if (in.size() < spatial + 1) throw std::runtime_error("aot2onnx fused MaxPoolWithIndices: input rank too small");
-      Ort::ShapeInferContext::Shape out;
-      for (size_t d = 0; d + spatial < in.size(); ++d) out.push_back(Known(in[d]));
-      for (size_t i = 0; i < spatial; ++i) {
-        const auto& size = in[in.size() - spatial + i];
-        if (!size.IsInt() || size.AsInt() < 0) {
-          out.push_back(Known(Ort::ShapeInferContext::SymbolicInteger(int64_t{-1})));
-          continue;
-        }
-        int64_t numerator = size.AsInt() + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1 +
-                            (ceil_mode ? stride[i] - 1 : 0);
-        int64_t pooled = (numerator >= 0 ? numerator / stride[i] : -((-numerator + stride[i] - 1) / stride[i])) + 1;
-        if (ceil_mode && (pooled - 1) * stride[i] >= size.AsInt() + padding[i]) --pooled;
-        out.emplace_back(pooled);
+  static OrtStatusPtr InferOutputs(Ort::ShapeInferContext& ctx, OrtShapeInferContext* context) {
+    const ONNXTensorElementDataType type = InputType(context, 0);
+    std::vector<int64_t> kernel = ctx.GetAttrInts("kernel_size"), stride = ctx.GetAttrInts("stride"),
+                         padding = ctx.GetAttrInts("padding"), dilation = ctx.GetAttrInts("dilation");
+    bool ceil_mode = ctx.GetAttrInt("ceil_mode") != 0;
+    const Ort::ShapeInferContext::Shape& in = ctx.GetInputShape(0);
+    size_t spatial = kernel.size();
+    if (in.size() < spatial + 1) throw std::runtime_error("aot2onnx fused MaxPoolWithIndices: input rank too small");
+    Ort::ShapeInferContext::Shape out;
+    for (size_t d = 0; d + spatial < in.size(); ++d) out.push_back(Known(in[d]));
+    for (size_t i = 0; i < spatial; ++i) {
+      const auto& size = in[in.size() - spatial + i];
+      if (!size.IsInt() || size.AsInt() < 0) {
+        out.push_back(Unknown());
+        continue;
       }
-      if (OrtStatusPtr status = SetOutput(context, 0, out, type)) return status;
-      return SetOutput(context, 1, out, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
-    } catch (const std::exception& e) {
-      return Failure(e.what());
+      int64_t numerator = size.AsInt() + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1 +
+                          (ceil_mode ? stride[i] - 1 : 0);
+      int64_t pooled = (numerator >= 0 ? numerator / stride[i] : -((-numerator + stride[i] - 1) / stride[i])) + 1;
+      if (ceil_mode && (pooled - 1) * stride[i] >= size.AsInt() + padding[i]) --pooled;
+      out.emplace_back(pooled);
     }
+    if (OrtStatusPtr status = SetOutput(context, 0, out, type)) return status;
+    return SetOutput(context, 1, out, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
   }
 };
 
