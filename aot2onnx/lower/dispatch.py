@@ -66,15 +66,12 @@ _FUSED_ONLY_WHEN = {
 }
 
 
-def _always(node: torch.fx.Node) -> bool:
-    return True
-
-
 def dispatch(node: torch.fx.Node, registry: Registry, opset: int) -> tuple[Rule | None, str]:
     """The rule that lowers the call_function ``node`` at ``opset``, or ``None`` and the reason."""
     is_complex = is_complex_node(node)
     rule, reason = registry.lookup(node.target, opset, is_complex=is_complex)
-    if rule is not None and rule.origin == Origin.FUSED and not _FUSED_ONLY_WHEN.get(node.target, _always)(node):
+    pays = _FUSED_ONLY_WHEN.get(node.target)
+    if rule is not None and rule.origin == Origin.FUSED and pays is not None and not pays(node):
         rule, reason = registry.lookup(node.target, opset, is_complex=is_complex, passing_over=Origin.FUSED)
     if rule is not None and is_complex and rule.origin == Origin.TORCHLIB:
         # (torch_lib's complex division and reciprocal, (ac + bd, bc - ad) / (c^2 + d^2), gave NaN for eager's inf

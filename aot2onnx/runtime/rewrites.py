@@ -73,10 +73,7 @@ def _expand_elimination(model: onnx.ModelProto) -> list[str]:
         dim.HasField("dim_value") and dim.dim_value == 0 for value in values for dim in value.type.tensor_type.shape.dim
     ):
         return ["ExpandElimination"]
-    constants = {t.name: t for t in model.graph.initializer}
-    constants.update(
-        {n.output[0]: a.t for n in nodes if n.op_type == "Constant" for a in n.attribute if a.name == "value"}
-    )
+    constants = _constant_tensors(model.graph.initializer, nodes)
     for node in nodes:
         if node.op_type == "Expand" and node.input[1] in constants:
             if 0 in onnx.numpy_helper.to_array(constants[node.input[1]]).reshape(-1):
@@ -124,17 +121,25 @@ def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
     return shapes
 
 
-def _constant_ints(graph: onnx.GraphProto) -> dict[str, list[int]]:
-    """The int64 constants of ``graph`` (initializers and Constant nodes), as lists."""
-    found = {t.name: t for t in graph.initializer if t.data_type == onnx.TensorProto.INT64}
-    for node in graph.node:
+def _constant_tensors(initializers, nodes) -> dict[str, onnx.TensorProto]:
+    """The constant tensors among ``initializers`` and the outputs of ONNX Constant nodes among ``nodes`` (a
+    ``value`` or ``value_ints`` attribute), by name."""
+    found = {t.name: t for t in initializers}
+    for node in nodes:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for a in node.attribute:
-                if a.name == "value" and a.t.data_type == onnx.TensorProto.INT64:
+                if a.name == "value":
                     found[node.output[0]] = a.t
                 elif a.name == "value_ints":
                     found[node.output[0]] = onnx.helper.make_tensor("", onnx.TensorProto.INT64, [len(a.ints)], a.ints)
-    return {name: [int(v) for v in onnx.numpy_helper.to_array(t).reshape(-1)] for name, t in found.items()}
+    return found
+
+
+def _constant_ints(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    """The int64 constants of ``graph`` (initializers and Constant nodes), as lists."""
+    return {name: [int(v) for v in onnx.numpy_helper.to_array(t).reshape(-1)]
+            for name, t in _constant_tensors(graph.initializer, graph.node).items()
+            if t.data_type == onnx.TensorProto.INT64}
 
 
 _SPLIT_REDUCTIONS = ("ReduceSum", "ReduceMean")
@@ -151,26 +156,23 @@ def split_channel_reductions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, i
     order is not ATen's either: float32 and float64 only (a 16-bit tensor's partial sums would be rounded to
     16 bits between the steps), main-graph nodes with constant axes, on inputs whose sizes are all known and
     none zero."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 18:  # the reductions' axes are an input from opset 18 on
+        return model, 0
     graph = model.graph
     shapes, constants = _static_shapes(graph), _constant_ints(graph)
     dtypes = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)}
     dtypes.update({i.name: i.data_type for i in graph.initializer})
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if opset < 18:
-        return model, 0
 
-    def splits(node: onnx.NodeProto) -> list[int] | None:
+    def splits(node: onnx.NodeProto) -> bool:
         if node.op_type not in _SPLIT_REDUCTIONS or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
-            return None
+            return False
         shape, axes = shapes.get(node.input[0]), constants.get(node.input[1])
         if shape is None or axes is None or len(shape) < 3 or 0 in shape or dtypes.get(node.input[0]) not in _SPLIT_DTYPES:
-            return None
-        rank = len(shape)
-        if sorted(a % rank for a in axes) != [0, *range(2, rank)]:
-            return None
-        return shape
+            return False
+        return sorted(a % len(shape) for a in axes) == [0, *range(2, len(shape))]
 
-    chosen = [k for k, n in enumerate(graph.node) if splits(n) is not None]
+    chosen = {k for k, n in enumerate(graph.node) if splits(n)}
     if not chosen:
         return model, 0
     rewritten = onnx.ModelProto()

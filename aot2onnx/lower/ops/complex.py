@@ -456,8 +456,16 @@ def aten_copy__complex(self, src, non_blocking: bool = False):
 # ATen divides complex numbers as numpy does (c10::complex's operator/=, which its CPU kernels call per element):
 # scaled by the divisor's larger part, so that |divisor| up to the dtype's maximum does not overflow, and z / 0
 # is a complex infinity or NaN part by part. Each branch is computed everywhere and the element's own taken
-# (a branch's inf or NaN elsewhere is not read). torch_lib's rule, (ac + bd, bc - ad) / (c^2 + d^2), is refused
-# at dispatch: it gave NaN for eager's inf at z / 0 and 0 for eager's 2.4e-31 where c^2 + d^2 overflows.
+# (a branch's inf or NaN elsewhere is not read). These rules take precedence over torch_lib's, (ac + bd, bc - ad)
+# / (c^2 + d^2), which gave NaN for eager's inf at z / 0 and 0 for eager's 2.4e-31 where c^2 + d^2 overflows.
+
+def _scaled(a, b, rat, scl, real_major: bool):
+    """(re, im) of (a + bi) / (c + di) given c10::complex's ratio and scale: rat = d / c and scl = 1 / (c + d rat)
+    where |c| >= |d| (``real_major``), else rat = c / d and scl = 1 / (d + c rat)."""
+    if real_major:
+        return op.Mul(op.Add(a, op.Mul(b, rat)), scl), op.Mul(op.Sub(b, op.Mul(a, rat)), scl)
+    return op.Mul(op.Add(op.Mul(a, rat), b), scl), op.Mul(op.Sub(op.Mul(b, rat), a), scl)
+
 
 def _divided(numerator, divisor):
     """``numerator / divisor``, both complex pairs (broadcast), as c10::complex divides."""
@@ -468,16 +476,10 @@ def _divided(numerator, divisor):
     abs_c, abs_d = op.Abs(c), op.Abs(d)
     real_major = op.GreaterOrEqual(abs_c, abs_d)  # False where either part is NaN: ATen's else branch
     both_zero = op.And(op.Equal(abs_c, zero), op.Equal(abs_d, zero))
-    # |c| >= |d| (and not both zero): rat = d / c, scl = 1 / (c + d rat)
-    rat = op.Div(d, c)
-    scl = op.Div(one, op.Add(c, op.Mul(d, rat)))
-    re_1 = op.Mul(op.Add(a, op.Mul(b, rat)), scl)
-    im_1 = op.Mul(op.Sub(b, op.Mul(a, rat)), scl)
-    # |c| < |d|: rat = c / d, scl = 1 / (d + c rat)
-    rat_2 = op.Div(c, d)
-    scl_2 = op.Div(one, op.Add(d, op.Mul(c, rat_2)))
-    re_2 = op.Mul(op.Add(op.Mul(a, rat_2), b), scl_2)
-    im_2 = op.Mul(op.Sub(op.Mul(b, rat_2), a), scl_2)
+    rat = op.Div(d, c)  # |c| >= |d| (and not both zero)
+    re_1, im_1 = _scaled(a, b, rat, op.Div(one, op.Add(c, op.Mul(d, rat))), True)
+    rat_2 = op.Div(c, d)  # |c| < |d|
+    re_2, im_2 = _scaled(a, b, rat_2, op.Div(one, op.Add(d, op.Mul(c, rat_2))), False)
     # both zero: a / |c|, b / |d| (inf or NaN, as IEEE divides)
     re_0, im_0 = op.Div(a, abs_c), op.Div(b, abs_d)
     re = op.Where(real_major, op.Where(both_zero, re_0, re_1), re_2)
@@ -508,8 +510,7 @@ def _divided_by_number(numerator, number):
     """``numerator / number`` for a Python number: c10::complex's division with the branch chosen here and its
     constants rat and scl computed in the tensor's dtype, as ATen computes them per element (no constant branch
     left for the graph to fold, whose divisions by zero numpy warns about)."""
-    parts = _PARTS.get(numerator.dtype, numerator.dtype)
-    real = np.float64 if parts == ir.DataType.DOUBLE else np.float32
+    real = np.float64 if numerator.dtype == ir.DataType.DOUBLE else np.float32  # the pairs' parts
     number = complex(number)
     c, d = real(number.real), real(number.imag)
     a, b = real_part(numerator), imag_part(numerator)
@@ -518,17 +519,12 @@ def _divided_by_number(numerator, number):
         return op.CastLike(op.Constant(value=ir.tensor(np.array(value, dtype=real))), a)
 
     with np.errstate(divide="ignore", invalid="ignore"):
-        if abs(c) >= abs(d):
-            if c == 0 and d == 0:
-                return pairs(op.Div(a, constant(abs(c))), op.Div(b, constant(abs(d))))
-            rat = d / c
-            scl = real(1) / (c + d * rat)
-            return pairs(op.Mul(op.Add(a, op.Mul(b, constant(rat))), constant(scl)),
-                         op.Mul(op.Sub(b, op.Mul(a, constant(rat))), constant(scl)))
-        rat = c / d
-        scl = real(1) / (d + c * rat)
-        return pairs(op.Mul(op.Add(op.Mul(a, constant(rat)), b), constant(scl)),
-                     op.Mul(op.Sub(op.Mul(b, constant(rat)), a), constant(scl)))
+        real_major = abs(c) >= abs(d)
+        if real_major and c == 0 and d == 0:
+            return pairs(op.Div(a, constant(abs(c))), op.Div(b, constant(abs(d))))
+        rat = d / c if real_major else c / d
+        scl = real(1) / (c + d * rat if real_major else d + c * rat)
+    return pairs(*_scaled(a, b, constant(rat), constant(scl), real_major))
 
 
 @project_rule(aten.div.Scalar, is_complex=True)
