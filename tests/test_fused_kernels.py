@@ -145,6 +145,26 @@ CASES = [
              ([6], [2, 2], [0, 0], [1, 1], True, [0, 0], 2, [True, True, True])),
         )
     ),
+    # Matrix products: operands read transposed where the graph transposes them (as eager's views), an addend.
+    ("mm", "Mm", DTYPES, lambda d, s: (lambda a, b: aten.mm(a, b), _operand(d, s, 0, (6, 16)), _operand(d, s, 1, (16, 5)))),
+    ("mm_transposed", "Mm", DTYPES,
+     lambda d, s: (lambda a, b: aten.mm(a.t(), b.t()), _operand(d, s, 0, (16, 6)), _operand(d, s, 1, (5, 16)))),
+    ("addmm", "Mm", DTYPES,
+     lambda d, s: (lambda c, a, b: aten.addmm(c, a, b.t()), _operand(d, s, 2, (5,)), _operand(d, s, 0, (6, 16)),
+                   _operand(d, s, 1, (5, 16)))),
+    ("addmm_scaled", "Mm", DTYPES,
+     lambda d, s: (lambda c, a, b: aten.addmm(c, a, b, beta=0.5, alpha=-3.0), _operand(d, s, 2, (6, 5)),
+                   _operand(d, s, 0, (6, 16)), _operand(d, s, 1, (16, 5)))),
+    ("bmm", "Mm", DTYPES,
+     lambda d, s: (lambda a, b: aten.bmm(a, b), _operand(d, s, 0, (3, 6, 16)), _operand(d, s, 1, (3, 16, 5)))),
+    ("bmm_transposed", "Mm", DTYPES,
+     lambda d, s: (lambda a, b: aten.bmm(a, b.transpose(1, 2)), _operand(d, s, 0, (3, 6, 16)),
+                   _operand(d, s, 1, (3, 5, 16)))),
+    ("baddbmm", "Mm", DTYPES,
+     lambda d, s: (lambda c, a, b: aten.baddbmm(c, a, b, beta=2.0, alpha=0.25), _operand(d, s, 2, (3, 6, 5)),
+                   _operand(d, s, 0, (3, 6, 16)), _operand(d, s, 1, (3, 16, 5)))),
+    ("mm_empty", "Mm", [torch.float32],
+     lambda d, s: (lambda a, b: aten.mm(a, b), _operand(d, s, 0, (6, 0)), _operand(d, s, 1, (0, 5)))),
     *(
         (f"embedding_backward_{name}", "EmbeddingDenseBackward", DTYPES,
          lambda d, s, shape=shape, padding_idx=padding_idx, by_freq=by_freq, index_dtype=index_dtype: (
@@ -184,6 +204,14 @@ def _convolution_args(dtype: torch.dtype, special: bool, shapes) -> list[torch.T
         x.view(-1)[[3, 17]] = torch.tensor([INF, NAN], dtype=dtype)
         g.view(-1)[5] = -INF
     return [g, x, w]
+
+
+def _operand(dtype: torch.dtype, special: bool, seed: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """A product's or convolution's operand; with ``special``, an infinity, a -infinity and a NaN in it."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 3
+    if special and x.numel() >= 8:
+        x.view(-1)[[1, 4, 7]] = torch.tensor([INF, -INF, NAN])
+    return x.to(dtype)
 
 
 def _indices(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

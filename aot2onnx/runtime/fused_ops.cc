@@ -17,6 +17,10 @@
 #include <ATen/record_function.h>
 #include <c10/core/InferenceMode.h>
 #include <ATen/ops/_log_softmax_backward_data.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/baddbmm.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/_softmax_backward_data.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/copy.h>
@@ -783,6 +787,63 @@ struct MaxPoolWithIndices : FusedOp<MaxPoolWithIndices, MaxPoolWithIndicesKernel
   }
 };
 
+
+// --- matrix products: (a, b[, c]) -> mm, addmm, bmm or baddbmm, a and b each read transposed or not -------------
+// ATen's own products (MKL's or oneDNN's GEMM, as eager's), run on the calling thread's OpenMP pool like eager's:
+// ONNX Runtime's MLAS GEMMs wake its own pool's thread per product, and in a training step beside torch's OpenMP
+// workers they ran 1.3-2x longer than alone. A transposed operand is a transposed view (eager's linear hands
+// addmm the weight as w.t(), a view), so the product is eager's call with eager's strides.
+
+struct MatMulKernel {
+  explicit MatMulKernel(const Ort::ConstKernelInfo& info)
+      : trans_a_(info.GetAttribute<int64_t>("trans_a") != 0), trans_b_(info.GetAttribute<int64_t>("trans_b") != 0),
+        alpha_(ExactFloat(info, "alpha")), beta_(ExactFloat(info, "beta")) {}
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    at::Tensor a = Required(ctx, 0), b = Required(ctx, 1);
+    std::optional<at::Tensor> c = Input(ctx, 2);
+    if (a.dim() != b.dim() || (a.dim() != 2 && a.dim() != 3)) {
+      throw std::runtime_error("aot2onnx fused Mm: two matrices or two batches of matrices");
+    }
+    if (trans_a_) a = a.transpose(-2, -1);
+    if (trans_b_) b = b.transpose(-2, -1);
+    std::vector<int64_t> sizes(a.sizes().begin(), a.sizes().end());
+    sizes.back() = b.size(-1);
+    at::Tensor out = Output(ctx, 0, sizes, a.options());
+    if (a.dim() == 2) {
+      if (c) {
+        at::addmm_out(out, *c, a, b, beta_, alpha_);
+      } else {
+        at::mm_out(out, a, b);
+      }
+    } else if (c) {
+      at::baddbmm_out(out, *c, a, b, beta_, alpha_);
+    } else {
+      at::bmm_out(out, a, b);
+    }
+  }
+  bool trans_a_, trans_b_;
+  double alpha_, beta_;
+};
+struct Mm : FusedOp<Mm, MatMulKernel> {
+  static constexpr const char* kName = "Mm";
+  static constexpr size_t kInputs = 3, kRequired = 2, kOutputs = 1;
+
+  // a's leading dimensions and rows (as read), b's columns (as read); in a's type.
+  static OrtStatusPtr InferOutputs(Ort::ShapeInferContext& ctx, OrtShapeInferContext* context) {
+    const ONNXTensorElementDataType type = InputType(context, 0);
+    const Ort::ShapeInferContext::Shape& a = ctx.GetInputShape(0);
+    const Ort::ShapeInferContext::Shape& b = ctx.GetInputShape(1);
+    if (a.size() < 2 || b.size() != a.size()) throw std::runtime_error("aot2onnx fused Mm: ranks");
+    bool trans_a = ctx.GetAttrInt("trans_a") != 0, trans_b = ctx.GetAttrInt("trans_b") != 0;
+    Ort::ShapeInferContext::Shape out;
+    for (size_t d = 0; d + 2 < a.size(); ++d) out.push_back(Known(a[d]));
+    out.push_back(Known(a[a.size() - (trans_a ? 1 : 2)]));
+    out.push_back(Known(b[b.size() - (trans_b ? 2 : 1)]));
+    return SetOutput(context, 0, out, type);
+  }
+};
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
@@ -806,6 +867,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static Where where;
   static ConvolutionBackward convolution_backward;
   static MaxPoolWithIndices max_pool_with_indices;
+  static Mm mat_mul;
   static Ort::CustomOpDomain domain{kDomain};
   static bool added = [] {
     for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&threshold, &gelu, &hardswish, &silu, &tanh_op, &sigmoid,
@@ -813,7 +875,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
                                                                &batch_norm_backward, &group_norm_backward,
                                                                &embedding_dense_backward, &softmax_forward,
                                                                &log_softmax_forward, &layer_norm_forward, &where,
-                                                               &convolution_backward, &max_pool_with_indices}) {
+                                                               &convolution_backward, &max_pool_with_indices, &mat_mul}) {
       domain.Add(op);
     }
     return true;
