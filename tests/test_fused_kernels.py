@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import aot2onnx
 from aot2onnx.compile import backend as backend_module
 from aot2onnx.runtime import compiled_graphs, fused
+from aot2onnx.signature import FUSED_DOMAIN
 
 NAN, INF = float("nan"), float("inf")
 
@@ -576,3 +577,61 @@ def test_max_pooling_is_fused_where_its_indices_are_read():
     inference = compiled_graphs()[-1]
     assert inference.kind.value == "inference" and "MaxPoolWithIndices" not in inference.op_counts, dict(
         inference.op_counts)
+
+
+def _product_model(nodes, inputs, output_rank: int, dtype=None):
+    from onnx import TensorProto, helper
+
+    elem = dtype or TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "products", [helper.make_tensor_value_info(n, elem, list(s)) for n, s in inputs],
+        [helper.make_tensor_value_info("y", elem, [None] * output_rank)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(FUSED_DOMAIN, 1)],
+                             ir_version=9)
+
+
+def _mm(inputs, **attributes):
+    from onnx import helper
+
+    attributes = {"trans_a": 0, "trans_b": 0, "alpha": (1.0).hex(), "beta": (1.0).hex(), **attributes}
+    return helper.make_node("Mm", inputs, ["y"], domain=FUSED_DOMAIN, **attributes)
+
+
+@pytest.mark.parametrize(("case", "node", "inputs", "rank", "becomes"), [
+    ("mm", _mm(["a", "b"]), [("a", (6, 16)), ("b", (16, 5))], 2, ["Gemm"]),
+    ("addmm_transposed", _mm(["a", "b", "c"], trans_a=1, trans_b=1), [("a", (16, 6)), ("b", (5, 16)), ("c", (5,))], 2,
+     ["Gemm"]),
+    ("addmm_scaled", _mm(["a", "b", "c"], alpha=(-3.0).hex(), beta=(0.5).hex()),
+     [("a", (6, 16)), ("b", (16, 5)), ("c", (6, 5))], 2, ["Gemm"]),
+    ("bmm_transposed", _mm(["a", "b"], trans_b=1), [("a", (3, 6, 16)), ("b", (3, 5, 16))], 3, ["Transpose", "MatMul"]),
+    # Not the same computation, or not known well enough: ATen's product stays.
+    ("beta_zero", _mm(["a", "b", "c"], beta=(0.0).hex()), [("a", (6, 16)), ("b", (16, 5)), ("c", (5,))], 2, ["Mm"]),
+    ("alpha_not_float32", _mm(["a", "b"], alpha=(0.1).hex()), [("a", (6, 16)), ("b", (16, 5))], 2, ["Mm"]),
+    ("baddbmm", _mm(["a", "b", "c"]), [("a", (3, 6, 16)), ("b", (3, 16, 5)), ("c", (3, 6, 5))], 3, ["Mm"]),
+])
+def test_standard_products_compute_the_fused_products(case, node, inputs, rank, becomes):
+    """The thread trial's candidate with ONNX Runtime's own products (rewrites.standard_products): each product it
+    rewrites computes what ATen's does, in MLAS's summation order (within float32 rounding); the others stay."""
+    import onnxruntime as ort
+
+    from aot2onnx.runtime import fused, rewrites
+
+    if fused.library() is None:
+        pytest.skip("the fused kernels are not built on this machine")
+    model = _product_model([node], inputs, rank)
+    standard, count = rewrites.standard_products(model)
+    assert [n.op_type for n in standard.graph.node] == becomes and count == (becomes != ["Mm"])
+    feeds = {name: _operand(torch.float32, False, k, shape).numpy() for k, (name, shape) in enumerate(inputs)}
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(fused.library()))
+    results = [ort.InferenceSession(m.SerializeToString(), so).run(None, feeds)[0] for m in (model, standard)]
+    torch.testing.assert_close(torch.from_numpy(results[1]), torch.from_numpy(results[0]), rtol=1e-5, atol=1e-5)
+
+
+def test_standard_products_leave_16_bit_products_to_aten():
+    from onnx import TensorProto
+
+    from aot2onnx.runtime import rewrites
+
+    model = _product_model([_mm(["a", "b"])], [("a", (6, 16)), ("b", (16, 5))], 2, TensorProto.FLOAT16)
+    assert rewrites.standard_products(model) == (model, 0)

@@ -1,7 +1,8 @@
-"""Threads per graph, measured (runtime/session.py): with the thread count left to aot2onnx, a CPU graph's
-first calls alternate between its session and a one-thread one, and the graph keeps the faster. Whichever it
-keeps, training matches eager; the trial stays out of graphs with random ops and of explicit thread counts.
-Speed is not tested here: the benchmark reports what the trial gives."""
+"""Threads and products per graph, measured (runtime/session.py): with the thread count left to aot2onnx, a CPU
+graph's first calls go in turn to its session and to each candidate (one thread; ONNX Runtime's own products in
+place of the fused kernels' ATen ones, on the graph's threads and on one), and the graph keeps the fastest.
+Whichever it keeps, training matches eager; the trial stays out of graphs with random ops and of explicit
+thread counts. Speed is not tested here: the benchmark reports what the trial gives."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ import torch
 import torch.nn as nn
 
 import aot2onnx
-from aot2onnx.runtime import rewrites, session
+from aot2onnx.runtime import fused, rewrites, session
 
-STEPS = session._TRIAL_WARMUP + 2 * session._TRIAL_RUNS + 3  # past the trial's end
+# Past the trial's end: four candidates (the graph's own session among them), each run once untimed.
+STEPS = session._TRIAL_WARMUP + 4 * (session._TRIAL_RUNS + 1) + 3
+
+
+def fused_library_built() -> bool:
+    return fused.library() is not None
 
 
 def _train(model: nn.Module, compiled, steps: int, dropout_seed: int | None = None) -> list[float]:
@@ -36,11 +42,11 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.LayerNorm(64), nn.Linear(64, 4))
 
 
-@pytest.mark.parametrize("keeps", ["measured", "one thread", "all threads"])
+@pytest.mark.parametrize("keeps", ["measured", "a candidate", "its own"])
 def test_training_matches_eager_whichever_session_the_trial_keeps(keeps, two_threads, monkeypatch):
-    # The margin decides: 0 keeps the first session whatever was measured, a huge one the one-thread session.
+    # The margin decides: 0 keeps the first session whatever was measured, a huge one the fastest candidate.
     if keeps != "measured":
-        monkeypatch.setattr(session, "_TRIAL_MARGIN", 1e9 if keeps == "one thread" else 0.0)
+        monkeypatch.setattr(session, "_TRIAL_MARGIN", 1e9 if keeps == "a candidate" else 0.0)
     aot2onnx.reset_compiled_graphs()
     eager_model = _model()
     compiled_model = copy.deepcopy(eager_model)
@@ -51,30 +57,43 @@ def test_training_matches_eager_whichever_session_the_trial_keeps(keeps, two_thr
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     graphs = [g for g in aot2onnx.compiled_graphs() if g.session is not None]
     assert len(graphs) == 2
+    fused = fused_library_built()
     for g in graphs:
-        assert g.thread_trial is not None, g  # settled
-        assert g.thread_trial["threads"] == 2
-        assert g.thread_trial["median_run_s"] > 0 and g.thread_trial["one_thread_median_run_s"] > 0
-        if keeps == "one thread":
-            assert g.intra_op_threads == 1
-        elif keeps == "all threads":
-            assert g.intra_op_threads == 2
+        trial = g.thread_trial
+        assert trial is not None, g  # settled
+        assert trial["threads"] == 2
+        assert trial["median_run_s"] > 0 and trial["one_thread_median_run_s"] > 0
+        medians = trial["median_run_s_by_candidate"]
+        own = next(iter(medians))
+        # With the fused kernels, the graphs' products are ATen's, and ONNX Runtime's own are candidates.
+        assert len(medians) == (4 if fused else 2) and all(m > 0 for m in medians.values()), medians
+        fastest = min(list(medians)[1:], key=medians.get)
+        if keeps == "a candidate":
+            assert trial["kept"] == fastest
+        elif keeps == "its own":
+            assert trial["kept"] == own
         else:
-            faster = g.thread_trial["one_thread_median_run_s"] < session._TRIAL_MARGIN * g.thread_trial["median_run_s"]
-            assert g.intra_op_threads == (1 if faster else 2)
+            assert trial["kept"] == (fastest if medians[fastest] < session._TRIAL_MARGIN * medians[own] else own)
+        assert g.intra_op_threads == (1 if trial["kept"].startswith("1 thread") else 2)
 
 
-def test_no_trial_for_an_explicit_thread_count_or_one_torch_thread(two_threads):
+def test_no_trial_for_an_explicit_thread_count_and_one_torch_thread_weighs_products_only(two_threads):
     aot2onnx.reset_compiled_graphs()
     model = _model()
     _train(model, torch.compile(model, backend="aot2onnx", options={"intra_op_num_threads": 2}), STEPS)
+    explicit = [g for g in aot2onnx.compiled_graphs() if g.session is not None]
+    assert len(explicit) == 2 and all(g.thread_trial is None and g.intra_op_threads == 2 for g in explicit)
     torch.set_num_threads(1)
+    aot2onnx.reset_compiled_graphs()
     model = _model()
     _train(model, torch.compile(model, backend="aot2onnx"), STEPS)
     graphs = [g for g in aot2onnx.compiled_graphs() if g.session is not None]
-    assert len(graphs) == 4
-    assert all(g.thread_trial is None for g in graphs)
-    assert sorted(g.intra_op_threads for g in graphs) == [1, 1, 2, 2]
+    assert len(graphs) == 2 and all(g.intra_op_threads == 1 for g in graphs)
+    if fused_library_built():  # one thread: ATen's products against ONNX Runtime's, nothing else
+        assert all(list(g.thread_trial["median_run_s_by_candidate"]) == ["1 thread, ATen's products",
+                                                                         "1 thread, MLAS's products"] for g in graphs)
+    else:
+        assert all(g.thread_trial is None for g in graphs)
 
 
 def test_no_trial_for_a_graph_with_random_ops(two_threads):

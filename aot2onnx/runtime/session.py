@@ -36,6 +36,7 @@ from aot2onnx.runtime.rewrites import (
     model_nodes,
     serial_nodes,
     split_channel_reductions,
+    standard_products,
 )
 from aot2onnx.signature import (
     CHECK_LINALG,
@@ -277,13 +278,16 @@ def _explain_session_error(model: onnx.ModelProto, message: str) -> str:
     return "".join(lines)
 
 
-# Threads per graph, measured: a graph of many small kernels can run faster on one thread than on several,
-# each of its parallel kernels waking the pool's other threads (idle threads do not spin, see Options). With
-# the thread count left to aot2onnx, a CPU graph's calls after the first _TRIAL_WARMUP alternate between its
-# session and one on a single thread, and after _TRIAL_RUNS timed runs of each the graph keeps the one
-# thread where that is faster by _TRIAL_MARGIN. Measured on the benchmark's device-scale suite, 2 cores: see
-# BENCHMARKS.md ("no-thread-trial" lever). Eight runs each, alternating, so that a burst of other work on the
-# machine falls on both. Graphs with random ops are left out: each session's kernels keep their own
+# Threads and products per graph, measured: a graph of many small kernels can run faster on one thread than on
+# several, each of its parallel kernels waking the pool's other threads (idle threads do not spin, see Options);
+# and the fused kernels' matrix products (ATen's, on torch's OpenMP threads) can run slower or faster than ONNX
+# Runtime's own (MLAS's, on its pool) depending on the machine, the shapes and the threads (rewrites.
+# standard_products). With the thread count left to aot2onnx, a CPU graph's calls after the first
+# _TRIAL_WARMUP go in turn to its session and to each candidate (one thread; MLAS's products, on the graph's
+# threads and on one), and after _TRIAL_RUNS timed runs of each (a candidate's first run warms it up, untimed)
+# the graph keeps the fastest where it beats its own session by _TRIAL_MARGIN. Measured on the benchmark's
+# device-scale suite, 2 cores: see BENCHMARKS.md ("no-thread-trial" lever). In turn, so that a burst of other
+# work on the machine falls on all. Graphs with random ops are left out: each session's kernels keep their own
 # generator, so a second session would start the same dropout masks over; and so are sessions with ONNX
 # Runtime's profiler on, whose trace must hold every run.
 _TRIAL_WARMUP = 2
@@ -307,19 +311,47 @@ class _TimedRun:
 
 
 @dataclasses.dataclass
-class _ThreadTrial:
+class _Candidate:
+    """One configuration the trial times: a session on ``threads`` intra-op threads of ``model_bytes``."""
+
+    label: str
+    threads: int
     model_bytes: bytes
-    disabled_optimizers: list[str]
-    options: ort.SessionOptions  # the first session's, whose profiling settings the second one keeps
-    fused_kernels: bool
+    runner: _Runner | None = None  # created at its first turn; the graph's own session's is never needed
     calls: int = 0
-    other: _Runner | None = None
-    mine_s: list[float] = dataclasses.field(default_factory=list)
-    other_s: list[float] = dataclasses.field(default_factory=list)
+    runs_s: list[float] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _ThreadTrial:
+    disabled_optimizers: list[str]
+    options: ort.SessionOptions  # the first session's, whose profiling settings the others keep
+    fused_kernels: bool
+    candidates: list[_Candidate]  # the graph's own session first
+    calls: int = 0
 
     @property
     def threads(self) -> int:
         return self.options.intra_op_num_threads
+
+    @staticmethod
+    def of(model: onnx.ModelProto, model_bytes: bytes, disabled: list[str], options: ort.SessionOptions,
+           fused_kernels: bool) -> _ThreadTrial | None:
+        """The trial of a graph, with its candidates; None where there is nothing to choose between."""
+        threads = options.intra_op_num_threads
+        own = "ATen's products" if fused_kernels and any(
+            n.op_type == "Mm" and n.domain == FUSED_DOMAIN for n in model.graph.node) else ""
+        label = (lambda t, products: f"{t} thread{'s' if t > 1 else ''}" + (f", {products}" if products else ""))
+        candidates = [_Candidate(label(threads, own), threads, model_bytes)]
+        if threads > 1:
+            candidates.append(_Candidate(label(1, own), 1, model_bytes))
+        if own:
+            standard, count = standard_products(model)
+            if count:
+                standard_bytes = standard.SerializeToString()
+                candidates += [_Candidate(label(t, "MLAS's products"), t, standard_bytes)
+                               for t in dict.fromkeys((threads, 1))]
+        return _ThreadTrial(disabled, options, fused_kernels, candidates) if len(candidates) > 1 else None
 
 
 @dataclasses.dataclass
@@ -335,19 +367,19 @@ class _Runner:
         return self.session, self.binding, self.ort_run, self.bound
 
     @staticmethod
-    def create(trial: _ThreadTrial, options: Options) -> _Runner:
-        so = session_options(options, intra_op_threads=1, fused_kernels=trial.fused_kernels)
+    def create(trial: _ThreadTrial, candidate: _Candidate, options: Options) -> _Runner:
+        so = session_options(options, intra_op_threads=candidate.threads, fused_kernels=trial.fused_kernels)
         if trial.options.enable_profiling:
             so.enable_profiling = True
             so.profile_file_prefix = trial.options.profile_file_prefix
-        session = ort.InferenceSession(trial.model_bytes, sess_options=so, providers=["CPUExecutionProvider"],
+        session = ort.InferenceSession(candidate.model_bytes, sess_options=so, providers=["CPUExecutionProvider"],
                                        disabled_optimizers=trial.disabled_optimizers)
         return _Runner(session, c_binding(session), c_run_with_iobinding(session), {})
 
 
 def _thread_trial_applies(model: onnx.ModelProto, options: Options, providers: list[Any],
                           sess_options: ort.SessionOptions) -> bool:
-    if options.intra_op_num_threads or sess_options.intra_op_num_threads <= 1:
+    if options.intra_op_num_threads:
         return False
     if sess_options.enable_profiling:
         # A profiled session measures the graph (the benchmark's breakdown): its trace must hold every run,
@@ -462,7 +494,7 @@ class OrtGraph:
                 sess_options = self._session_options()
                 self._session = self._open(model_bytes, sess_options, providers, disabled)
                 if _thread_trial_applies(model, options, providers, sess_options):
-                    self._trial = _ThreadTrial(model_bytes, disabled, sess_options, self.fused_kernels)
+                    self._trial = _ThreadTrial.of(model, model_bytes, disabled, sess_options, self.fused_kernels)
             except RuntimeSessionError:
                 raise
             except Exception as e:
@@ -481,7 +513,7 @@ class OrtGraph:
         self._trial_lock = threading.Lock()
         # What the thread trial measured, once settled: the threads it started with, and the median run
         # time on them and on one thread.
-        self.thread_trial: dict[str, float] | None = None
+        self.thread_trial: dict[str, Any] | None = None
         with _registry_lock:
             _COMPILED.append(weakref.ref(self))
 
@@ -583,7 +615,7 @@ class OrtGraph:
         return previous
 
     def _trial_call(self, args: list[Any]) -> list[Any]:
-        """A call while the graph's thread count is being chosen (:class:`_ThreadTrial`)."""
+        """A call while the graph's threads and products are being chosen (:class:`_ThreadTrial`)."""
         with self._trial_lock:
             trial = self._trial
             if trial is None:  # decided while this call waited
@@ -591,15 +623,18 @@ class OrtGraph:
             trial.calls += 1
             if trial.calls <= _TRIAL_WARMUP:
                 return self._settled_call(args)
-            if trial.other is None:
+            candidate = trial.candidates[(trial.calls - _TRIAL_WARMUP - 1) % len(trial.candidates)]
+            own = candidate is trial.candidates[0]
+            if not own and candidate.runner is None:
                 try:
-                    trial.other = _Runner.create(trial, self.options)
-                except Exception as e:  # the trial is an optimization: keep the session there is
-                    logger.debug("aot2onnx: no one-thread session for graph %s: %s", self.name, e)
-                    self._trial = None
+                    candidate.runner = _Runner.create(trial, candidate, self.options)
+                except Exception as e:  # the trial is an optimization: go on without the candidate
+                    logger.debug("aot2onnx: no session for graph %s on %s: %s", self.name, candidate.label, e)
+                    trial.candidates.remove(candidate)
+                    if len(trial.candidates) == 1:
+                        self._trial = None
                     return self._settled_call(args)
-            use_other = trial.calls % 2 == 1
-            mine = self._use(trial.other) if use_other else None
+            mine = None if own else self._use(candidate.runner)
             timed_run = _TimedRun(self._ort_run)
             start = time.perf_counter()
             try:
@@ -609,21 +644,28 @@ class OrtGraph:
                 if _profile is not None:
                     _profile.calls.append(GraphCall(self.name, self.kind, call_s, run_s))
                 if mine is not None:
-                    trial.other = self._use(mine)
-                    if trial.calls > _TRIAL_WARMUP + 1:  # the other session's first run warms it up
-                        trial.other_s.append(run_s)
-                else:
-                    trial.mine_s.append(run_s)
-                if min(len(trial.other_s), len(trial.mine_s)) >= _TRIAL_RUNS:
+                    candidate.runner = self._use(mine)
+                candidate.calls += 1
+                if own or candidate.calls > 1:  # another session's first run warms it up
+                    candidate.runs_s.append(run_s)
+                if all(len(c.runs_s) >= _TRIAL_RUNS for c in trial.candidates):
                     self._settle(trial)
 
     def _settle(self, trial: _ThreadTrial) -> None:
-        """Keeps the faster session of the trial, and drops the other."""
-        mine, other = statistics.median(trial.mine_s), statistics.median(trial.other_s)
-        self.thread_trial = {"threads": trial.threads, "median_run_s": mine, "one_thread_median_run_s": other}
-        if other < _TRIAL_MARGIN * mine:
-            assert trial.other is not None
-            self._use(trial.other)
+        """Keeps the fastest session of the trial where it beats the graph's own by the margin; drops the others."""
+        medians = {c.label: statistics.median(c.runs_s) for c in trial.candidates}
+        own = trial.candidates[0]
+        best = min(trial.candidates[1:], key=lambda c: medians[c.label])
+        kept = best if medians[best.label] < _TRIAL_MARGIN * medians[own.label] else own
+        if kept is not own:
+            assert kept.runner is not None
+            self._use(kept.runner)
+        one_thread = next((c for c in trial.candidates if c.threads == 1 and c.model_bytes is own.model_bytes), None)
+        self.thread_trial = {
+            "threads": trial.threads, "median_run_s": medians[own.label],
+            "one_thread_median_run_s": None if one_thread is None else medians[one_thread.label],
+            "median_run_s_by_candidate": medians, "kept": kept.label,
+        }
         self._trial = None
 
     @property
