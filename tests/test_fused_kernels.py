@@ -164,6 +164,15 @@ CASES = [
     ("baddbmm", "Mm", DTYPES,
      lambda d, s: (lambda c, a, b: aten.baddbmm(c, a, b, beta=2.0, alpha=0.25), _operand(d, s, 2, (3, 6, 5)),
                    _operand(d, s, 0, (3, 6, 16)), _operand(d, s, 1, (3, 16, 5)))),
+    # Sums: a bias gradient (leading axes), a layer norm's weight gradient, every axis, keepdim, negative axes. A
+    # 16-bit sum reaches the graph as a float32 sum between Casts (the decomposition's upcast): ONNX Runtime's
+    # Cast writes a bfloat16 NaN with another sign bit than ATen's conversion, so float32 and float64 here.
+    ("sum_leading", "Sum", [torch.float32, torch.float64], lambda d, s: (lambda x: aten.sum(x, [0, 1]), _values(d, s, 0))),
+    ("sum_all", "Sum", [torch.float32, torch.float64], lambda d, s: (lambda x: aten.sum(x), _values(d, s, 0))),
+    ("sum_all_listed", "Sum", [torch.float32, torch.float64], lambda d, s: (lambda x: aten.sum(x, [0, 1, 2]), _values(d, s, 0))),
+    ("sum_keepdim_negative", "Sum", [torch.float32, torch.float64],
+     lambda d, s: (lambda x: aten.sum(x, [-1, 0], keepdim=True), _values(d, s, 0))),
+    ("sum_middle", "Sum", [torch.float32, torch.float64], lambda d, s: (lambda x: aten.sum(x, [1]), _values(d, s, 0))),
     ("mm_empty", "Mm", [torch.float32],
      lambda d, s: (lambda a, b: aten.mm(a, b), _operand(d, s, 0, (6, 0)), _operand(d, s, 1, (0, 5)))),
     *(

@@ -21,6 +21,7 @@
 #include <ATen/ops/baddbmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/sum.h>
 #include <ATen/ops/_softmax_backward_data.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/copy.h>
@@ -844,6 +845,55 @@ struct Mm : FusedOp<Mm, MatMulKernel> {
   }
 };
 
+// --- a float sum over some axes: ATen's sum (eager's bits: its cascade summation, float32 accumulation of 16-bit
+//     values), where ONNX Runtime's ReduceSum (or the ones-row MatMul the standard lowering takes for a bias
+//     gradient) sums in another order ----------------------------------------------------------------------------
+
+struct SumKernel {
+  explicit SumKernel(const Ort::ConstKernelInfo& info)
+      : dims_(info.GetAttributes<int64_t>("dims")), keepdim_(info.GetAttribute<int64_t>("keepdim") != 0) {}
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    at::Tensor x = Required(ctx, 0);
+    std::vector<int64_t> sizes;
+    for (int64_t d = 0; d < x.dim(); ++d) {
+      bool reduced = dims_.empty() || std::find(dims_.begin(), dims_.end(), d) != dims_.end();
+      if (!reduced) {
+        sizes.push_back(x.size(d));
+      } else if (keepdim_) {
+        sizes.push_back(1);
+      }
+    }
+    // The functional sum, copied: sum_out writes a 16-bit NaN with another sign than eager's sum does.
+    at::Tensor y = dims_.empty() && !keepdim_ ? at::sum(x) : at::sum(x, dims_, keepdim_);
+    Output(ctx, 0, sizes, x.options()).copy_(y);
+  }
+  std::vector<int64_t> dims_;  // non-negative, sorted; empty: every axis
+  bool keepdim_;
+};
+struct Sum : FusedOp<Sum, SumKernel> {
+  static constexpr const char* kName = "Sum";
+  static constexpr size_t kInputs = 1, kRequired = 1, kOutputs = 1;
+
+  // The input's sizes without the summed axes (1 for each with keepdim), in the input's type.
+  static OrtStatusPtr InferOutputs(Ort::ShapeInferContext& ctx, OrtShapeInferContext* context) {
+    const ONNXTensorElementDataType type = InputType(context, 0);
+    std::vector<int64_t> dims = ctx.GetAttrInts("dims");
+    bool keepdim = ctx.GetAttrInt("keepdim") != 0;
+    const Ort::ShapeInferContext::Shape& in = ctx.GetInputShape(0);
+    Ort::ShapeInferContext::Shape out;
+    for (size_t d = 0; d < in.size(); ++d) {
+      bool reduced = dims.empty() || std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end();
+      if (!reduced) {
+        out.push_back(Known(in[d]));
+      } else if (keepdim) {
+        out.emplace_back(int64_t{1});
+      }
+    }
+    return SetOutput(context, 0, out, type);
+  }
+};
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
@@ -868,6 +918,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static ConvolutionBackward convolution_backward;
   static MaxPoolWithIndices max_pool_with_indices;
   static Mm mat_mul;
+  static Sum sum;
   static Ort::CustomOpDomain domain{kDomain};
   static bool added = [] {
     for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&threshold, &gelu, &hardswish, &silu, &tanh_op, &sigmoid,
@@ -875,7 +926,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
                                                                &batch_norm_backward, &group_norm_backward,
                                                                &embedding_dense_backward, &softmax_forward,
                                                                &log_softmax_forward, &layer_norm_forward, &where,
-                                                               &convolution_backward, &max_pool_with_indices, &mat_mul}) {
+                                                               &convolution_backward, &max_pool_with_indices, &mat_mul, &sum}) {
       domain.Add(op);
     }
     return true;

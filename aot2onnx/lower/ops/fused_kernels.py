@@ -342,3 +342,31 @@ def aten_baddbmm(self, batch1, batch2, beta: float = 1.0, alpha: float = 1.0):
     """baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor"""
     return _product(batch1, batch2, self, beta, alpha)
 
+
+
+def _sum(self, dims: list[int], keepdim: bool, dtype) -> ir.Value:
+    if dtype not in (-1, None) and ir.DataType(dtype) != self.dtype:
+        raise _NotFused("the fused Sum keeps the input's dtype")
+    if self.shape is None:
+        raise _NotFused("the fused Sum takes a tensor of known rank")
+    rank = len(self.shape)
+    if rank == 0:
+        raise _NotFused("the fused Sum takes a tensor of one or more dimensions")
+    axes = sorted({d % rank for d in dims})
+    if len(axes) == rank:
+        axes = []  # every axis (ATen reads an empty list so)
+    return _fused("Sum", [self], dims=axes, keepdim=int(bool(keepdim)))[0]
+
+
+@_or_standard(aten.sum.dim_IntList)
+def aten_sum_dim_intlist(self, dim=None, keepdim: bool = False, dtype: int = -1):
+    """sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor"""
+    # ATen's sum: eager's bits (a bias gradient, a layer norm's weight gradient), where the standard lowering sums
+    # in MLAS's order (a ones-row MatMul over leading axes) or ONNX Runtime's ReduceSum's.
+    return _sum(self, list(dim or ()), keepdim, dtype)
+
+
+@_or_standard(aten.sum.default)
+def aten_sum(self, dtype: int = -1):
+    """sum(Tensor self, *, ScalarType? dtype=None) -> Tensor"""
+    return _sum(self, [], False, dtype)
