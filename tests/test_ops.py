@@ -1118,7 +1118,7 @@ def test_random_max_pools(count):
     ],
     ids=["bias-grad", "two-leading", "float64-negative-dim", "unordered", "middle", "gap", "all", "float16"],
 )
-def test_sum_over_leading_axes(shape, dim, keepdim, dtype, product):
+def test_sum_over_leading_axes(shape, dim, keepdim, dtype, product, standard_lowering):
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
     x[0, 0] = float("inf") if dtype != torch.float16 else x[0, 0]  # non-finite values propagate as in ATen
     # float16: eager rounds t * 1.5 to float16 before its float32 sum; the graph keeps the product in float32.
@@ -1128,7 +1128,7 @@ def test_sum_over_leading_axes(shape, dim, keepdim, dtype, product):
     assert (forward.op_counts["MatMul"] == 1 and forward.op_counts["ReduceSum"] == 0) == product, forward.op_counts
 
 
-def test_sum_over_leading_axes_with_dynamic_sizes_keeps_reducesum():
+def test_sum_over_leading_axes_with_dynamic_sizes_keeps_reducesum(standard_lowering):
     for batch in (3, 6):
         torch._dynamo.reset()
         graphs = _check_fn(lambda t: t.sin().sum(0), torch.randn(batch, 5), dynamic=True)
