@@ -310,6 +310,11 @@ class _TimedRun:
             self.seconds += time.perf_counter() - start
 
 
+def _label(threads: int, products: str) -> str:
+    """A trial candidate's name: "2 threads, ATen's products", "1 thread"."""
+    return f"{threads} thread{'s' if threads > 1 else ''}" + (f", {products}" if products else "")
+
+
 @dataclasses.dataclass
 class _Candidate:
     """One configuration the trial times: a session on ``threads`` intra-op threads of ``model_bytes``."""
@@ -341,16 +346,15 @@ class _ThreadTrial:
         threads = options.intra_op_num_threads
         own = "ATen's products" if fused_kernels and any(
             n.op_type == "Mm" and n.domain == FUSED_DOMAIN for n in model.graph.node) else ""
-        label = (lambda t, products: f"{t} thread{'s' if t > 1 else ''}" + (f", {products}" if products else ""))
-        candidates = [_Candidate(label(threads, own), threads, model_bytes)]
+        candidates = [_Candidate(_label(threads, own), threads, model_bytes)]
         if threads > 1:
-            candidates.append(_Candidate(label(1, own), 1, model_bytes))
+            candidates.append(_Candidate(_label(1, own), 1, model_bytes))
         if own:
             standard, count = standard_products(model)
             if count:
                 standard_bytes = standard.SerializeToString()
-                candidates += [_Candidate(label(t, "MLAS's products"), t, standard_bytes)
-                               for t in dict.fromkeys((threads, 1))]
+                candidates += [_Candidate(_label(t, "MLAS's products"), t, standard_bytes)
+                               for t in sorted({threads, 1}, reverse=True)]
         return _ThreadTrial(disabled, options, fused_kernels, candidates) if len(candidates) > 1 else None
 
 
