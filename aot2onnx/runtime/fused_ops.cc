@@ -855,18 +855,9 @@ struct SumKernel {
   void Compute(OrtKernelContext* context) {
     Ort::KernelContext ctx(context);
     at::Tensor x = Required(ctx, 0);
-    std::vector<int64_t> sizes;
-    for (int64_t d = 0; d < x.dim(); ++d) {
-      bool reduced = dims_.empty() || std::find(dims_.begin(), dims_.end(), d) != dims_.end();
-      if (!reduced) {
-        sizes.push_back(x.size(d));
-      } else if (keepdim_) {
-        sizes.push_back(1);
-      }
-    }
     // The functional sum, copied: sum_out writes a 16-bit NaN with another sign than eager's sum does.
     at::Tensor y = dims_.empty() && !keepdim_ ? at::sum(x) : at::sum(x, dims_, keepdim_);
-    Output(ctx, 0, sizes, x.options()).copy_(y);
+    Output(ctx, 0, y).copy_(y);
   }
   std::vector<int64_t> dims_;  // non-negative, sorted; empty: every axis
   bool keepdim_;

@@ -96,8 +96,7 @@ def fused_selects(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     rank as a scalar, and the output shape inferred from it would be wrong (a Loop's outputs, say). Subgraphs'
     nodes (If and Loop bodies) and functions' are left for the same reason."""
     graph = model.graph
-    ranked = {v.name for v in (*graph.input, *graph.value_info, *graph.output) if v.type.tensor_type.HasField("shape")}
-    ranked |= {i.name for i in graph.initializer}
+    ranked = {name for name, (_, rank) in _tensor_types(graph).items() if rank is not None}
     ranked |= {o for n in graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") for o in n.output}
     positions = [k for k, n in enumerate(graph.node)
                  if n.op_type == "Where" and n.domain in ("", "ai.onnx") and all(i in ranked for i in n.input)]
@@ -130,21 +129,12 @@ def standard_products(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     well enough: a dtype other than float32 or float64, an unknown rank, an alpha or beta that a float32
     attribute does not hold exactly, beta = 0 (ATen ignores the addend, NaN included; Gemm would multiply it),
     a batched product with an addend (baddbmm)."""
-    graph = model.graph
-    types = {v.name: v.type.tensor_type for v in (*graph.input, *graph.value_info, *graph.output)}
-    for init in graph.initializer:
-        types[init.name] = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)).tensor_type
-
-    def rank(name: str) -> int | None:
-        t = types.get(name)
-        return len(t.shape.dim) if t is not None and t.HasField("shape") else None
-
+    types = _tensor_types(model.graph)
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
     nodes, count = [], 0
     for node in rewritten.graph.node:
-        replacement = _standard_product(node, rank, types) if node.op_type == "Mm" and node.domain == FUSED_DOMAIN \
-            else None
+        replacement = _standard_product(node, types) if node.op_type == "Mm" and node.domain == FUSED_DOMAIN else None
         if replacement is None:
             nodes.append(node)
         else:
@@ -157,24 +147,23 @@ def standard_products(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return rewritten, count
 
 
-def _standard_product(node: onnx.NodeProto, rank, types) -> list[onnx.NodeProto] | None:
+def _standard_product(node: onnx.NodeProto, types: dict[str, tuple[int, int | None]]) -> list[onnx.NodeProto] | None:
     attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     a, b = node.input[0], node.input[1]
     c = node.input[2] if len(node.input) > 2 and node.input[2] else None
-    t = types.get(a)
-    if t is None or t.elem_type not in _PRODUCT_DTYPES:
+    (dtype, rank_a), (_, rank_b) = types.get(a, (None, None)), types.get(b, (None, None))
+    if dtype not in _PRODUCT_DTYPES:
         return None
     trans_a, trans_b = int(attributes.get("trans_a", 0)), int(attributes.get("trans_b", 0))
-    alpha, beta = (float.fromhex(attributes[k].decode() if isinstance(attributes[k], bytes) else attributes[k])
-                   for k in ("alpha", "beta"))
+    alpha, beta = (float.fromhex(attributes[k].decode()) for k in ("alpha", "beta"))  # exact, as float.hex()
     name = node.name or node.output[0]
-    if rank(a) == 2 and rank(b) == 2:
+    if rank_a == 2 and rank_b == 2:
         if any(float(np.float32(v)) != v for v in (alpha, beta)) or (c is not None and beta == 0.0):
             return None
         gemm = onnx.helper.make_node("Gemm", [a, b, *([c] if c is not None else [])], list(node.output), name=name,
                                      transA=trans_a, transB=trans_b, alpha=alpha, beta=beta)
         return [gemm]
-    if rank(a) == 3 and rank(b) == 3 and c is None:
+    if rank_a == 3 and rank_b == 3 and c is None:
         out, operands = [], []
         for operand, transposed in ((a, trans_a), (b, trans_b)):
             if transposed:
@@ -185,6 +174,17 @@ def _standard_product(node: onnx.NodeProto, rank, types) -> list[onnx.NodeProto]
         out.append(onnx.helper.make_node("MatMul", operands, list(node.output), name=name))
         return out
     return None
+
+
+def _tensor_types(graph: onnx.GraphProto) -> dict[str, tuple[int, int | None]]:
+    """The element type and rank (None where unknown) of ``graph``'s inputs, outputs, value_info and initializers."""
+    types: dict[str, tuple[int, int | None]] = {}
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        tensor = value.type.tensor_type
+        types[value.name] = (tensor.elem_type, len(tensor.shape.dim) if tensor.HasField("shape") else None)
+    for init in graph.initializer:
+        types[init.name] = (init.data_type, len(init.dims))
+    return types
 
 
 def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
@@ -239,14 +239,14 @@ def split_channel_reductions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, i
         return model, 0
     graph = model.graph
     shapes, constants = _static_shapes(graph), _constant_ints(graph)
-    dtypes = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)}
-    dtypes.update({i.name: i.data_type for i in graph.initializer})
+    types = _tensor_types(graph)
 
     def splits(node: onnx.NodeProto) -> bool:
         if node.op_type not in _SPLIT_REDUCTIONS or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
             return False
         shape, axes = shapes.get(node.input[0]), constants.get(node.input[1])
-        if shape is None or axes is None or len(shape) < 3 or 0 in shape or dtypes.get(node.input[0]) not in _SPLIT_DTYPES:
+        dtype = types.get(node.input[0], (None, None))[0]
+        if shape is None or axes is None or len(shape) < 3 or 0 in shape or dtype not in _SPLIT_DTYPES:
             return False
         return sorted(a % len(shape) for a in axes) == [0, *range(2, len(shape))]
 

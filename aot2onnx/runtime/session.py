@@ -515,8 +515,8 @@ class OrtGraph:
         self._host_device = c_device("cpu", 0)
         self._lock = threading.Lock()
         self._trial_lock = threading.Lock()
-        # What the thread trial measured, once settled: the threads it started with, and the median run
-        # time on them and on one thread.
+        # What the thread trial measured, once settled: the threads it started with, the median run time on
+        # them and on one thread, each candidate's median run time, and the candidate kept.
         self.thread_trial: dict[str, Any] | None = None
         with _registry_lock:
             _COMPILED.append(weakref.ref(self))

@@ -343,7 +343,6 @@ def aten_baddbmm(self, batch1, batch2, beta: float = 1.0, alpha: float = 1.0):
     return _product(batch1, batch2, self, beta, alpha)
 
 
-
 def _sum(self, dims: list[int], keepdim: bool, dtype) -> ir.Value:
     if dtype not in (-1, None) and ir.DataType(dtype) != self.dtype:
         raise _NotFused("the fused Sum keeps the input's dtype")
