@@ -644,3 +644,22 @@ def test_standard_products_leave_16_bit_products_to_aten():
 
     model = _product_model([_mm(["a", "b"])], [("a", (6, 16)), ("b", (16, 5))], 2, TensorProto.FLOAT16)
     assert rewrites.standard_products(model) == (model, 0)
+
+
+def test_a_linear_layers_backward_reads_its_weight_as_eager_does():
+    """The backward graph's ``t(t(w))`` (the forward's view of the weight recomputed, transposed again) is read
+    as the weight itself, as eager's AddmmBackward passes it: no Transpose copied per step, eager's bits."""
+    torch._dynamo.reset()
+    layer = torch.nn.Linear(16, 8)
+    x = _values(torch.float32, False, 0, (6, 16))
+    grads = []
+    for compiled in (False, True):
+        layer.zero_grad(set_to_none=True)
+        xc = x.clone().requires_grad_()
+        f = torch.compile(layer, backend="aot2onnx", options={"cache": False, "fallback": False}) if compiled else layer
+        f(xc).mul(torch.linspace(-1, 1, 48).reshape(6, 8)).sum().backward()
+        grads.append((xc.grad, layer.weight.grad, layer.bias.grad))
+    backward = [g for g in compiled_graphs() if g.kind.value == "backward"][-1]
+    assert backward.op_counts.get("Mm", 0) == 2 and "Transpose" not in backward.op_counts, dict(backward.op_counts)
+    for e, a in zip(*grads, strict=True):
+        assert _same(a, e), (a - e).abs().max()

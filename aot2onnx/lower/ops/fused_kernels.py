@@ -299,18 +299,21 @@ def aten_native_layer_norm(input, normalized_shape, weight=None, bias=None, eps:
 
 
 def _read_transposed(value: ir.Value) -> tuple[ir.Value, int]:
-    """``value``'s source and 1 where a Transpose of its last two axes made it (the kernel reads the source as a
-    transposed view, as eager's product reads ``w.t()``), else ``value`` and 0. The Transpose, if nothing else
-    reads it, is left to the graph's unused-node removal."""
-    node = value.producer()
-    if node is None or node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
-        return value, 0
-    perm = node.attributes.get("perm")
-    rank = len(perm.as_ints()) if perm is not None else None
-    if rank not in (2, 3) or list(perm.as_ints()) != [*range(rank - 2), rank - 1, rank - 2]:
-        return value, 0
-    source = node.inputs[0]
-    return (source, 1) if source is not None else (value, 0)
+    """``value``'s source and 1 where Transposes of its last two axes made it from a transposed source (the
+    kernel reads the source as a transposed view, as eager's product reads ``w.t()``), its source and 0 where
+    an even number of them did (a backward graph's ``t(t(w))``: the forward's view recomputed, transposed
+    again), else ``value`` and 0. A Transpose nothing else reads is left to the graph's unused-node removal."""
+    transposed = 0
+    while True:
+        node = value.producer()
+        if node is None or node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+            return value, transposed
+        perm = node.attributes.get("perm")
+        rank = len(perm.as_ints()) if perm is not None else None
+        source = node.inputs[0]
+        if rank not in (2, 3) or list(perm.as_ints()) != [*range(rank - 2), rank - 1, rank - 2] or source is None:
+            return value, transposed
+        value, transposed = source, 1 - transposed
 
 
 def _product(a: ir.Value, b: ir.Value, c: ir.Value | None = None, beta: float = 1.0, alpha: float = 1.0) -> ir.Value:
