@@ -382,6 +382,36 @@ def test_kernels_build_id_and_backend_registry():
     assert not backend_module._uses_fused_kernels(torch.device("cpu"), aot2onnx.Options(fused_kernels=False))
 
 
+def test_a_compiler_without_openmp_builds_the_library_serial(tmp_path, monkeypatch):
+    """The build asks for OpenMP (the library's own loops split by ATen's parallel_for); where the compiler
+    refuses it, the same source builds without, and the stamp says which."""
+    import json
+    import pathlib
+    import subprocess
+
+    commands = []
+
+    def run(command, **kwargs):
+        commands.append(list(command))
+        if "-fopenmp" in command:
+            return subprocess.CompletedProcess(command, 1, "", "error: unsupported option '-fopenmp'")
+        if "--version" in command:
+            return subprocess.CompletedProcess(command, 0, "c++ 1.0\n", "")
+        pathlib.Path(command[command.index("-o") + 1]).write_bytes(b"library")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(fused.subprocess, "run", run)
+    monkeypatch.setattr(fused, "_OUT_DIR", tmp_path)
+    monkeypatch.setattr(fused, "_LIBRARY", tmp_path / "lib.so")
+    monkeypatch.setattr(fused, "_STAMP", tmp_path / "build.json")
+    fused._compile(tmp_path)
+    builds = [c for c in commands if "-o" in c]
+    assert len(builds) == 2 and "-fopenmp" in builds[0] and "-fopenmp" not in builds[1]
+    assert builds[0][:1] + builds[0][2:] == builds[1]
+    assert json.loads((tmp_path / "build.json").read_text())["openmp"] is False
+    assert (tmp_path / "lib.so").read_bytes() == b"library"
+
+
 def _embedding_steps(embedding: torch.nn.Embedding, tokens: torch.Tensor, upstream: torch.Tensor, options: dict,
                      steps: int = 4) -> None:
     """``steps`` training steps' gradients, compiled with ``options``, each eager's bit for bit."""
@@ -663,3 +693,46 @@ def test_a_linear_layers_backward_reads_its_weight_as_eager_does():
     assert backward.op_counts.get("Mm", 0) == 2 and "Transpose" not in backward.op_counts, dict(backward.op_counts)
     for e, a in zip(*grads, strict=True):
         assert _same(a, e), (a - e).abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_max_pooling_kernel_is_atens_over_random_windows(dtype):
+    """The library's own 2-D max pooling (ATen's loop and rule without ATen's branch) against ATen's
+    max_pool2d_with_indices, bit for bit in values and indices: windows of every kind (padded, dilated, strided
+    past the kernel, ceil mode), over values drawn from a few integers, zeros of both signs, infinities and NaN,
+    so that ties, all -inf windows and several NaN in one window are common."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    pool = np.array([-2.0, -1.0, -0.0, 0.0, 1.0, 2.0, np.inf, -np.inf, np.nan])
+    elem = TensorProto.FLOAT if dtype == torch.float32 else TensorProto.DOUBLE
+    cases = 0
+    while cases < 40:
+        kernel = rng.integers(1, 4, 2).tolist()
+        dilation = rng.integers(1, 3, 2).tolist()
+        stride = rng.integers(1, 4, 2).tolist()
+        padding = [int(rng.integers(0, ((k - 1) * d + 1) // 2 + 1)) for k, d in zip(kernel, dilation)]
+        ceil_mode = bool(rng.integers(0, 2))
+        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.integers(3, 9)), int(rng.integers(3, 21)))
+        x = torch.from_numpy(rng.choice(pool, size=shape)).to(dtype)
+        try:
+            expected = aten.max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode)
+        except RuntimeError:  # an output size of 0: not a window eager computes
+            continue
+        node = helper.make_node("MaxPoolWithIndices", ["x"], ["v", "i"], domain=FUSED_DOMAIN, kernel_size=kernel,
+                                stride=stride, padding=padding, dilation=dilation, ceil_mode=int(ceil_mode))
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, list(shape))],
+                                  [helper.make_tensor_value_info("v", elem, None),
+                                   helper.make_tensor_value_info("i", TensorProto.INT64, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                        helper.make_opsetid(FUSED_DOMAIN, 1)], ir_version=9)
+        options = ort.SessionOptions()
+        options.register_custom_ops_library(fused.library())
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        values, indices = (torch.from_numpy(a) for a in session.run(None, {"x": x.numpy()}))
+        config = (shape, kernel, stride, padding, dilation, ceil_mode)
+        assert _same(values, expected[0]), config
+        assert torch.equal(indices, expected[1]), config
+        cases += 1

@@ -60,8 +60,12 @@ def _torch_fingerprint() -> str:
     return f"{torch.__version__};abi={int(torch.compiled_with_cxx11_abi())}"
 
 
+# How _compile builds the library: a change of it rebuilds an installed library as a change of the source does.
+_RECIPE = b"2: OpenMP where the compiler has it"
+
+
 def _source_digest() -> str:
-    return hashlib.sha256(_SOURCE.read_bytes()).hexdigest()
+    return hashlib.sha256(_SOURCE.read_bytes() + _RECIPE).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -108,20 +112,28 @@ def _compile(headers: pathlib.Path) -> None:
     torch_dir = pathlib.Path(torch.__file__).parent
     _OUT_DIR.mkdir(exist_ok=True)
     staging = _OUT_DIR / f".{_LIBRARY.name}.{os.getpid()}"
-    command = [
+    base = [
         compiler, "-std=c++20", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
         f"-I{headers}", f"-I{torch_dir / 'include'}", str(_SOURCE), "-o", str(staging),
         f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"building the fused kernels failed:\n{' '.join(command)}\n{done.stderr[-4000:]}")
+    # OpenMP: the library's own loops split by ATen's parallel_for, an OpenMP region in ATen's headers (torch's
+    # libgomp.so.1 serves it, loaded already). A compiler without OpenMP builds them serial: the same values.
+    failures = []
+    for openmp in (["-fopenmp"], []):
+        command = base[:1] + openmp + base[1:]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        if done.returncode == 0:
+            break
+        failures.append(f"{' '.join(command)}\n{done.stderr[-4000:]}")
+    else:
+        raise RuntimeError("building the fused kernels failed:\n" + "\n".join(failures))
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     staging.replace(_LIBRARY)
     _STAMP.write_text(json.dumps({
         "source": _source_digest(), "torch": _torch_fingerprint(), "headers": _HEADERS["version"],
-        "compiler": version[0] if version else compiler,
+        "compiler": version[0] if version else compiler, "openmp": bool(openmp),
         "library": hashlib.sha256(_LIBRARY.read_bytes()).hexdigest(),
     }, indent=1))
 
