@@ -108,6 +108,10 @@ CASES = [
                                                                       [True, False, False])[0],
                    _values(d, s, 0, (6, 6, 8)), *_group_norm_args(d, s, False)[:3])),
     ("softmax_forward", "Softmax", DTYPES, lambda d, s: (lambda x: aten._softmax(x, -1, False), _values(d, s, 0))),
+    ("safe_softmax", "SafeSoftmax", DTYPES,
+     lambda d, s: (lambda x: aten._safe_softmax(x, -1), _masked_rows(d, s, -1))),
+    ("safe_softmax_dim1", "SafeSoftmax", DTYPES,
+     lambda d, s: (lambda x: aten._safe_softmax(x, 1), _masked_rows(d, s, 1))),
     ("softmax_forward_dim0", "Softmax", DTYPES, lambda d, s: (lambda x: aten._softmax(x, 0, False), _values(d, s, 0))),
     ("log_softmax_forward", "LogSoftmax", DTYPES,
      lambda d, s: (lambda x: aten._log_softmax(x, -1, False), _values(d, s, 0))),
@@ -191,6 +195,17 @@ CASES = [
         )
     ),
 ]
+
+
+def _masked_rows(dtype: torch.dtype, special: bool, dim: int) -> torch.Tensor:
+    """Attention scores with rows (along ``dim``) of -inf alone, as a mask makes them, and one -inf among values."""
+    x = _values(dtype, special, 0).clone()
+    dim %= x.dim()
+    for k in (1, 2, 4):  # rows of -inf alone
+        x[tuple(slice(None) if d == dim else k for d in range(x.dim()))] = -INF
+    x[tuple(slice(None) if d == dim else 3 for d in range(x.dim()))] = -INF
+    x[(3,) * x.dim()] = 2.0  # a row of -inf and one value
+    return x
 
 
 def _pool_input(dtype: torch.dtype, special: bool, shape) -> torch.Tensor:
@@ -736,3 +751,33 @@ def test_max_pooling_kernel_is_atens_over_random_windows(dtype):
         assert _same(values, expected[0]), config
         assert torch.equal(indices, expected[1]), config
         cases += 1
+
+
+def test_attention_with_masked_rows_runs_the_fused_safe_softmax():
+    """scaled_dot_product_attention's math formulation (the capture's) keeps its _safe_softmax whole as one fused
+    node: a query whose every key is masked gets 0 and a zero gradient, as in eager (compared with eager's math
+    formulation: eager's fused CPU kernel rounds otherwise), not NaN."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch._dynamo.reset()
+    q, k, v = (_values(torch.float32, False, seed, (2, 3, 5, 8)) for seed in range(3))
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    mask[1] = False  # query 1 sees no key
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    results = []
+    for compiled in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        f = torch.compile(attend, backend="aot2onnx", options={"cache": False, "fallback": False}) if compiled else attend
+        with sdpa_kernel(SDPBackend.MATH):
+            out = f(*leaves)
+        out.mul(torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+        results.append((out.detach(), *(t.grad for t in leaves)))
+    forward = [g for g in compiled_graphs() if g.kind.value == "forward"][-1]
+    assert forward.op_counts.get("SafeSoftmax", 0) == 1 and "ReduceMin" not in forward.op_counts, dict(forward.op_counts)
+    for e, a in zip(*results, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+    assert (results[1][0][:, :, 1] == 0).all()

@@ -1175,9 +1175,10 @@ def test_all_any(reduce, dtype, dim, keepdim):
     assert aot2onnx.compiled_graphs(), "the op ran through ONNX Runtime"
 
 
-def test_safe_softmax_with_fully_masked_rows():
+def test_safe_softmax_with_fully_masked_rows(standard_lowering):
     # SDPA's math path ends in _safe_softmax, whose `all` finds rows that are masked out entirely: they
-    # must come out as zeros (not NaN) and pass no gradient.
+    # must come out as zeros (not NaN) and pass no gradient. The standard lowering's select (the fused kernels'
+    # SafeSoftmax: test_fused_kernels.py).
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 6, 8, generator=g) for _ in range(3))
     mask = torch.rand(2, 3, 6, 6, generator=g) > 0.3

@@ -49,6 +49,11 @@ def _group_norm(grad_out: Any, input: Any, mean: Any, rstd: Any, weight: Any, N:
     )
 
 
+def _safe_softmax(self: Any, dim: int, dtype: Any = None) -> bool:
+    return (_one_float_dtype(self) and self.dim() > 0 and (dtype is None or dtype == self.dtype)
+            and isinstance(dim, int))
+
+
 def _embedding(grad_output: Any, indices: Any, num_weights: Any, padding_idx: Any, scale_grad_by_freq: Any) -> bool:
     # ATen's CPU kernel returns [num_weights, grad_output.size(-1)]: one embedding dimension after the indices'.
     return (
@@ -72,4 +77,5 @@ FUSED_WHEN: dict[torch._ops.OpOverload, Callable[..., bool]] = {
     aten.native_layer_norm_backward.default: _layer_norm,
     aten.native_group_norm_backward.default: _group_norm,
     aten.embedding_dense_backward.default: _embedding,
+    aten._safe_softmax.default: _safe_softmax,
 }

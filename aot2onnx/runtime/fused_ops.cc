@@ -40,6 +40,9 @@
 #include <ATen/ops/native_layer_norm_backward.h>
 #include <ATen/ops/_log_softmax.h>
 #include <ATen/ops/_softmax.h>
+#include <ATen/ops/all.h>
+#include <ATen/ops/eq.h>
+#include <ATen/ops/masked_fill.h>
 #include <ATen/ops/where.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/native_layer_norm.h>
@@ -533,6 +536,24 @@ struct SoftmaxKernel {
 };
 struct Softmax : FusedOp<Softmax, SoftmaxKernel<false>> {
   static constexpr const char* kName = "Softmax";
+  static constexpr size_t kInputs = 1, kRequired = 1;
+  static constexpr std::array<size_t, 1> kLike{0};
+};
+// _safe_softmax, scaled_dot_product_attention's softmax in its math formulation: the softmax, and 0 on the rows whose
+// every input is -inf (ATen's where(all(x == -inf), 0, softmax(x)): the same values), where the standard lowering
+// takes five ONNX nodes beside the softmax (Equal, Cast, ReduceMin, Cast, Where).
+struct SafeSoftmaxKernel {
+  explicit SafeSoftmaxKernel(const Ort::ConstKernelInfo& info) : dim_(info.GetAttribute<int64_t>("dim")) {}
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    at::Tensor x = Required(ctx, 0), out = Output(ctx, 0, x);
+    at::_softmax_out(out, x, dim_, false);
+    out.masked_fill_(x.eq(-std::numeric_limits<double>::infinity()).all(dim_, true), 0);
+  }
+  int64_t dim_;
+};
+struct SafeSoftmax : FusedOp<SafeSoftmax, SafeSoftmaxKernel> {
+  static constexpr const char* kName = "SafeSoftmax";
   static constexpr size_t kInputs = 1, kRequired = 1;
   static constexpr std::array<size_t, 1> kLike{0};
 };
@@ -1039,6 +1060,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static MaxPoolWithIndices max_pool_with_indices;
   static Mm mat_mul;
   static Sum sum;
+  static SafeSoftmax safe_softmax;
   static Ort::CustomOpDomain domain{kDomain};
   static bool added = [] {
     for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&threshold, &gelu, &hardswish, &silu, &tanh_op, &sigmoid,
@@ -1046,7 +1068,8 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
                                                                &batch_norm_backward, &group_norm_backward,
                                                                &embedding_dense_backward, &softmax_forward,
                                                                &log_softmax_forward, &layer_norm_forward, &where,
-                                                               &convolution_backward, &max_pool_with_indices, &mat_mul, &sum}) {
+                                                               &convolution_backward, &max_pool_with_indices, &mat_mul, &sum,
+                                                               &safe_softmax}) {
       domain.Add(op);
     }
     return true;

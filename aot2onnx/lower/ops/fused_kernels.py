@@ -281,6 +281,18 @@ def _softmax_forward(op_type: str):
 
 
 _or_standard(aten._softmax.default)(_softmax_forward("Softmax"))
+
+
+@_or_standard(aten._safe_softmax.default)
+def aten__safe_softmax(self, dim: int, dtype: int = -1):
+    """_safe_softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor"""
+    # Attention's softmax in its math formulation: kept whole only where the kernel takes it (lower/fusable.py),
+    # else AOTAutograd decomposes it into a softmax and a select of the rows of -inf.
+    if dtype not in (-1, None) and ir.DataType(dtype) != self.dtype:
+        raise _NotFused("the fused SafeSoftmax keeps the input's dtype")
+    if not self.shape:
+        raise _NotFused("the fused SafeSoftmax takes a tensor of one or more dimensions")
+    return _fused("SafeSoftmax", [self], dim=int(dim))[0]
 _or_standard(aten._log_softmax.default)(_softmax_forward("LogSoftmax"))
 
 
