@@ -61,6 +61,10 @@ CASES = [
      lambda d, s: (lambda g, x: aten.gelu_backward(g, x, approximate="tanh"), _values(d, s, 0), _values(d, s, 1))),
     ("hardswish", "HardswishBackward", DTYPES,
      lambda d, s: (lambda g, x: aten.hardswish_backward(g, x), _values(d, s, 0), _values(d, s, 1))),
+    ("hardsigmoid", "HardsigmoidBackward", DTYPES,
+     lambda d, s: (lambda g, x: aten.hardsigmoid_backward(g, x), _values(d, s, 0), _edges(d, s, 1))),
+    ("hardswish_forward", "Hardswish", DTYPES, lambda d, s: (lambda x: aten.hardswish(x), _edges(d, s, 0))),
+    ("hardsigmoid_forward", "Hardsigmoid", DTYPES, lambda d, s: (lambda x: aten.hardsigmoid(x), _edges(d, s, 0))),
     ("silu", "SiluBackward", DTYPES,
      lambda d, s: (lambda g, x: aten.silu_backward(g, x), _values(d, s, 0), _values(d, s, 1))),
     ("tanh", "TanhBackward", DTYPES,
@@ -197,6 +201,14 @@ CASES = [
 ]
 
 
+def _edges(dtype: torch.dtype, special: bool, seed: int) -> torch.Tensor:
+    """Values with the hard activations' corners among them (-3, 3 and their neighbours, signed zeros)."""
+    x = _values(dtype, special, seed).clone()
+    corners = torch.tensor([-3.0, 3.0, -0.0, 0.0, -3.0001, 2.9999, 3.0001, -2.9999], dtype=dtype)
+    x.view(-1)[-corners.numel():] = corners
+    return x
+
+
 def _masked_rows(dtype: torch.dtype, special: bool, dim: int) -> torch.Tensor:
     """Attention scores with rows (along ``dim``) of -inf alone, as a mask makes them, and one -inf among values."""
     x = _values(dtype, special, 0).clone()
@@ -300,6 +312,7 @@ def test_fused_op_is_eagers_bit_for_bit(name, node, dtypes, make, special):
 TRAINING = [
     ("relu", lambda x, w: F.relu(x) * w, "ThresholdBackward"),
     ("gelu", lambda x, w: F.gelu(x) * w, "GeluBackward"),
+    ("hardsigmoid", lambda x, w: F.hardsigmoid(x * w), "HardsigmoidBackward"),
     ("softmax", lambda x, w: torch.softmax(x * w, -1), "SoftmaxBackward"),
     ("log_softmax", lambda x, w: torch.log_softmax(x * w, -1), "LogSoftmaxBackward"),
     ("layer_norm", lambda x, w: F.layer_norm(x, (16,), w, w * 0.5), "LayerNormBackward"),

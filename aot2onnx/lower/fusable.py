@@ -72,6 +72,7 @@ FUSED_WHEN: dict[torch._ops.OpOverload, Callable[..., bool]] = {
     aten.silu_backward.default: _elementwise,
     aten.tanh_backward.default: _elementwise,
     aten.sigmoid_backward.default: _elementwise,
+    aten.hardsigmoid_backward.default: _elementwise,
     aten._softmax_backward_data.default: _softmax,
     aten._log_softmax_backward_data.default: _softmax,
     aten.native_layer_norm_backward.default: _layer_norm,

@@ -34,6 +34,9 @@
 #include <ATen/ops/max_pool2d_with_indices.h>
 #include <ATen/ops/max_pool3d_with_indices.h>
 #include <ATen/ops/hardswish_backward.h>
+#include <ATen/ops/hardswish.h>
+#include <ATen/ops/hardsigmoid.h>
+#include <ATen/ops/hardsigmoid_backward.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
 #include <ATen/ops/native_batch_norm_backward.h>
 #include <ATen/ops/native_group_norm_backward.h>
@@ -326,7 +329,29 @@ AOT2ONNX_BINARY_GRADIENT(HardswishBackward, at::hardswish_backward_out)
 AOT2ONNX_BINARY_GRADIENT(SiluBackward, at::silu_backward_out)
 AOT2ONNX_BINARY_GRADIENT(TanhBackward, at::tanh_backward_out)
 AOT2ONNX_BINARY_GRADIENT(SigmoidBackward, at::sigmoid_backward_out)
+AOT2ONNX_BINARY_GRADIENT(HardsigmoidBackward, at::hardsigmoid_backward_out)
 #undef AOT2ONNX_BINARY_GRADIENT
+
+// --- elementwise activations the standard lowering spells as several nodes (hardswish: Add, Clip, Div, Mul) ------
+
+template <at::Tensor& (*Fn)(at::Tensor&, const at::Tensor&)>
+struct UnaryKernel {
+  explicit UnaryKernel(const Ort::ConstKernelInfo&) {}
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    at::Tensor x = Required(ctx, 0), out = Output(ctx, 0, x);
+    Fn(out, x);
+  }
+};
+#define AOT2ONNX_UNARY(Name, fn)                          \
+  struct Name : FusedOp<Name, UnaryKernel<&fn>> {         \
+    static constexpr const char* kName = #Name;           \
+    static constexpr size_t kInputs = 1, kRequired = 1;   \
+    static constexpr std::array<size_t, 1> kLike{0};      \
+  };
+AOT2ONNX_UNARY(Hardswish, at::hardswish_out)
+AOT2ONNX_UNARY(Hardsigmoid, at::hardsigmoid_out)
+#undef AOT2ONNX_UNARY
 
 // --- softmax and log-softmax gradients: (grad_output, output) -> grad_input, along `dim` ----------------------
 
@@ -1061,6 +1086,9 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static Mm mat_mul;
   static Sum sum;
   static SafeSoftmax safe_softmax;
+  static Hardswish hardswish_forward;
+  static Hardsigmoid hardsigmoid_forward;
+  static HardsigmoidBackward hardsigmoid_backward;
   static Ort::CustomOpDomain domain{kDomain};
   static bool added = [] {
     for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&threshold, &gelu, &hardswish, &silu, &tanh_op, &sigmoid,
@@ -1069,7 +1097,8 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
                                                                &embedding_dense_backward, &softmax_forward,
                                                                &log_softmax_forward, &layer_norm_forward, &where,
                                                                &convolution_backward, &max_pool_with_indices, &mat_mul, &sum,
-                                                               &safe_softmax}) {
+                                                               &safe_softmax, &hardswish_forward, &hardsigmoid_forward,
+                                                               &hardsigmoid_backward}) {
       domain.Add(op);
     }
     return true;

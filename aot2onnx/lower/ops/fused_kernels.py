@@ -106,8 +106,22 @@ for _target, _op_type in (
     (aten.silu_backward.default, "SiluBackward"),
     (aten.tanh_backward.default, "TanhBackward"),
     (aten.sigmoid_backward.default, "SigmoidBackward"),
+    (aten.hardsigmoid_backward.default, "HardsigmoidBackward"),
 ):
     _or_standard(_target)(_binary(_op_type))
+
+
+def _unary(op_type: str):
+    def rule(self):
+        return _fused(op_type, [self])[0]
+
+    rule.__name__ = rule.__qualname__ = f"aten_{op_type}"
+    return rule
+
+
+# Activations the standard lowering spells out (hardswish as Add, Clip, Div, Mul; hardsigmoid as three nodes).
+for _target, _op_type in ((aten.hardswish.default, "Hardswish"), (aten.hardsigmoid.default, "Hardsigmoid")):
+    _or_standard(_target)(_unary(_op_type))
 
 
 def _softmax_backward(op_type: str):
