@@ -46,6 +46,7 @@
 #include <ATen/ops/all.h>
 #include <ATen/ops/eq.h>
 #include <ATen/ops/masked_fill.h>
+#include <ATen/WrapDimUtils.h>
 #include <ATen/ops/where.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/native_layer_norm.h>
@@ -565,15 +566,35 @@ struct Softmax : FusedOp<Softmax, SoftmaxKernel<false>> {
   static constexpr std::array<size_t, 1> kLike{0};
 };
 // _safe_softmax, scaled_dot_product_attention's softmax in its math formulation: the softmax, and 0 on the rows whose
-// every input is -inf (ATen's where(all(x == -inf), 0, softmax(x)): the same values), where the standard lowering
-// takes five ONNX nodes beside the softmax (Equal, Cast, ReduceMin, Cast, Where).
+// every input is -inf (ATen's where(all(x == -inf), 0, softmax(x)): the same values, a +0.0), where the standard
+// lowering takes five ONNX nodes beside the softmax (Equal, Cast, ReduceMin, Cast, Where).
 struct SafeSoftmaxKernel {
   explicit SafeSoftmaxKernel(const Ort::ConstKernelInfo& info) : dim_(info.GetAttribute<int64_t>("dim")) {}
   void Compute(OrtKernelContext* context) {
     Ort::KernelContext ctx(context);
     at::Tensor x = Required(ctx, 0), out = Output(ctx, 0, x);
     at::_softmax_out(out, x, dim_, false);
-    out.masked_fill_(x.eq(-std::numeric_limits<double>::infinity()).all(dim_, true), 0);
+    const int64_t dim = at::maybe_wrap_dim(dim_, x.dim());
+    if (dim != x.dim() - 1) {
+      out.masked_fill_(x.eq(-std::numeric_limits<double>::infinity()).all(dim, true), 0);
+      return;
+    }
+    // Rows along the last axis, contiguous: a row's first value other than -inf ends its check (ATen's eq and
+    // all over the whole tensor took 260 us on 8x4x64x64 where the softmax takes 90).
+    const int64_t length = x.size(-1), rows = length == 0 ? 0 : x.numel() / length;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "aot2onnx_safe_softmax", [&] {
+      const scalar_t* in = x.const_data_ptr<scalar_t>();
+      scalar_t* values = out.mutable_data_ptr<scalar_t>();
+      const float minus_inf = -std::numeric_limits<float>::infinity();
+      at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const scalar_t* row = in + r * length;
+          int64_t i = 0;
+          while (i < length && static_cast<float>(row[i]) == minus_inf) ++i;
+          if (i == length) std::fill(values + r * length, values + (r + 1) * length, scalar_t(0));
+        }
+      });
+    });
   }
   int64_t dim_;
 };
