@@ -63,6 +63,8 @@ CASES = [
      lambda d, s: (lambda g, x: aten.hardswish_backward(g, x), _values(d, s, 0), _values(d, s, 1))),
     ("hardsigmoid", "HardsigmoidBackward", DTYPES,
      lambda d, s: (lambda g, x: aten.hardsigmoid_backward(g, x), _values(d, s, 0), _edges(d, s, 1))),
+    ("gelu_forward", "Gelu", DTYPES, lambda d, s: (lambda x: aten.gelu(x), _values(d, s, 0))),
+    ("gelu_tanh_forward", "Gelu", DTYPES, lambda d, s: (lambda x: aten.gelu(x, approximate="tanh"), _values(d, s, 0))),
     ("hardswish_forward", "Hardswish", DTYPES, lambda d, s: (lambda x: aten.hardswish(x), _edges(d, s, 0))),
     ("hardsigmoid_forward", "Hardsigmoid", DTYPES, lambda d, s: (lambda x: aten.hardsigmoid(x), _edges(d, s, 0))),
     ("silu", "SiluBackward", DTYPES,

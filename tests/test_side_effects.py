@@ -585,9 +585,11 @@ def test_float64_model():
 def test_float64_without_kernel_fails_at_compile_time():
     # ONNX Runtime's CPU provider has no double Erf (exact GELU) and no double Conv: with fallback=False,
     # compilation fails and says which op, which dtype and which ATen node, before any step runs (by default
-    # those nodes run in PyTorch, tests/test_fallback.py).
+    # those nodes run in PyTorch, tests/test_fallback.py). The fused kernels' GELU (ATen's) takes double: the
+    # standard operators here.
     model = torch.compile(
-        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU()).double(), backend=aot2onnx.backend(fallback=False)
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU()).double(),
+        backend=aot2onnx.backend(fallback=False, fused_kernels=False),
     )
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match=r"no Erf kernel for inputs of type \(double\)"):
         model(torch.randn(2, 4, dtype=torch.float64))

@@ -31,6 +31,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/gelu_backward.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/max_pool2d_with_indices.h>
 #include <ATen/ops/max_pool3d_with_indices.h>
 #include <ATen/ops/hardswish_backward.h>
@@ -350,6 +351,20 @@ struct UnaryKernel {
     static constexpr size_t kInputs = 1, kRequired = 1;   \
     static constexpr std::array<size_t, 1> kLike{0};      \
   };
+struct GeluKernel {
+  explicit GeluKernel(const Ort::ConstKernelInfo& info) : approximate_(info.GetAttribute<std::string>("approximate")) {}
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    at::Tensor x = Required(ctx, 0), out = Output(ctx, 0, x);
+    at::gelu_out(out, x, approximate_);
+  }
+  std::string approximate_;
+};
+struct Gelu : FusedOp<Gelu, GeluKernel> {  // GELU (erf or tanh), which the standard lowering spells as five nodes
+  static constexpr const char* kName = "Gelu";
+  static constexpr size_t kInputs = 1, kRequired = 1;
+  static constexpr std::array<size_t, 1> kLike{0};
+};
 AOT2ONNX_UNARY(Hardswish, at::hardswish_out)
 AOT2ONNX_UNARY(Hardsigmoid, at::hardsigmoid_out)
 #undef AOT2ONNX_UNARY
@@ -1107,6 +1122,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static Mm mat_mul;
   static Sum sum;
   static SafeSoftmax safe_softmax;
+  static Gelu gelu_forward;
   static Hardswish hardswish_forward;
   static Hardsigmoid hardsigmoid_forward;
   static HardsigmoidBackward hardsigmoid_backward;
@@ -1118,7 +1134,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
                                                                &embedding_dense_backward, &softmax_forward,
                                                                &log_softmax_forward, &layer_norm_forward, &where,
                                                                &convolution_backward, &max_pool_with_indices, &mat_mul, &sum,
-                                                               &safe_softmax, &hardswish_forward, &hardsigmoid_forward,
+                                                               &safe_softmax, &gelu_forward, &hardswish_forward, &hardsigmoid_forward,
                                                                &hardsigmoid_backward}) {
       domain.Add(op);
     }

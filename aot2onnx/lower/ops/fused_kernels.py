@@ -119,6 +119,13 @@ def _unary(op_type: str):
     return rule
 
 
+@_or_standard(aten.gelu.default)
+def aten_gelu(self, approximate: str = "none"):
+    """gelu(Tensor self, *, str approximate='none') -> Tensor"""
+    # ATen's kernel, where the standard lowering spells GELU as Div, Erf, Add, Mul, Mul (or the tanh form's seven).
+    return _fused("Gelu", [self], approximate=approximate)[0]
+
+
 # Activations the standard lowering spells out (hardswish as Add, Clip, Div, Mul; hardsigmoid as three nodes).
 for _target, _op_type in ((aten.hardswish.default, "Hardswish"), (aten.hardsigmoid.default, "Hardsigmoid")):
     _or_standard(_target)(_unary(_op_type))
