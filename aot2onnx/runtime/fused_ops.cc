@@ -334,7 +334,7 @@ AOT2ONNX_BINARY_GRADIENT(SigmoidBackward, at::sigmoid_backward_out)
 AOT2ONNX_BINARY_GRADIENT(HardsigmoidBackward, at::hardsigmoid_backward_out)
 #undef AOT2ONNX_BINARY_GRADIENT
 
-// --- elementwise activations the standard lowering spells as several nodes (hardswish: Add, Clip, Div, Mul) ------
+// --- activations the standard lowering spells as several nodes (hardswish: Add, Clip, Div, Mul; GELU: five) ------
 
 template <at::Tensor& (*Fn)(at::Tensor&, const at::Tensor&)>
 struct UnaryKernel {
@@ -351,6 +351,10 @@ struct UnaryKernel {
     static constexpr size_t kInputs = 1, kRequired = 1;   \
     static constexpr std::array<size_t, 1> kLike{0};      \
   };
+AOT2ONNX_UNARY(Hardswish, at::hardswish_out)
+AOT2ONNX_UNARY(Hardsigmoid, at::hardsigmoid_out)
+#undef AOT2ONNX_UNARY
+
 struct GeluKernel {
   explicit GeluKernel(const Ort::ConstKernelInfo& info) : approximate_(info.GetAttribute<std::string>("approximate")) {}
   void Compute(OrtKernelContext* context) {
@@ -365,9 +369,6 @@ struct Gelu : FusedOp<Gelu, GeluKernel> {  // GELU (erf or tanh), which the stan
   static constexpr size_t kInputs = 1, kRequired = 1;
   static constexpr std::array<size_t, 1> kLike{0};
 };
-AOT2ONNX_UNARY(Hardswish, at::hardswish_out)
-AOT2ONNX_UNARY(Hardsigmoid, at::hardsigmoid_out)
-#undef AOT2ONNX_UNARY
 
 // --- softmax and log-softmax gradients: (grad_output, output) -> grad_input, along `dim` ----------------------
 
@@ -819,9 +820,10 @@ struct ConvolutionBackward : FusedOp<ConvolutionBackward, ConvolutionBackwardKer
 
 // --- max pooling with indices: x -> (values, indices), ATen's kernel or its loop without its branches ---------
 // Eager's values and indices: ATen's max_pool2d/3d_with_indices (a NaN wins its window at its last position,
-// ties the first, indices counted within each (n, c) plane), or for 2-D float pooling MaxPool2dPlanes below. ONNX Runtime's MaxPool numbers positions over the whole
-// tensor, lets a NaN win only from some positions, and starts its windows at the most negative finite number:
-// the standard lowering mends that behind an If; on two threads it was also 1.5x slower than ATen here.
+// ties the first, indices counted within each (n, c) plane), or for 2-D float pooling MaxPool2dPlanes below.
+// ONNX Runtime's MaxPool numbers positions over the whole tensor, lets a NaN win only from some positions, and
+// starts its windows at the most negative finite number: the standard lowering mends that behind an If; on two
+// threads it was also 1.5x slower than ATen here.
 
 // ATen's 2-D kernel on contiguous (N, C, H, W) float32 and float64 planes: its loop, its order and its rule, without
 // its branches. ATen's `if ((val > maxval) || isnan(val))` compiles to branches (the compiler keeps the two
@@ -938,7 +940,8 @@ struct MaxPoolWithIndicesKernel {
   void Compute(OrtKernelContext* context) {
     Ort::KernelContext ctx(context);
     at::Tensor input = Required(ctx, 0);
-    if (kernel_.size() == 2 && input.dim() >= 3 && (input.scalar_type() == at::kFloat || input.scalar_type() == at::kDouble)) {
+    const bool float_planes = input.scalar_type() == at::kFloat || input.scalar_type() == at::kDouble;
+    if (kernel_.size() == 2 && input.dim() >= 3 && float_planes) {
       // ATen's output sizes and checks (the graph's shapes were traced through them already).
       std::vector<int64_t> sizes(input.sizes().begin(), input.sizes().end());
       for (size_t i = 0; i < 2; ++i) {
@@ -1133,9 +1136,9 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
                                                                &batch_norm_backward, &group_norm_backward,
                                                                &embedding_dense_backward, &softmax_forward,
                                                                &log_softmax_forward, &layer_norm_forward, &where,
-                                                               &convolution_backward, &max_pool_with_indices, &mat_mul, &sum,
-                                                               &safe_softmax, &gelu_forward, &hardswish_forward, &hardsigmoid_forward,
-                                                               &hardsigmoid_backward}) {
+                                                               &convolution_backward, &max_pool_with_indices, &mat_mul,
+                                                               &sum, &safe_softmax, &gelu_forward, &hardswish_forward,
+                                                               &hardsigmoid_forward, &hardsigmoid_backward}) {
       domain.Add(op);
     }
     return true;

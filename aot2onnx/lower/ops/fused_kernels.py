@@ -302,6 +302,7 @@ def _softmax_forward(op_type: str):
 
 
 _or_standard(aten._softmax.default)(_softmax_forward("Softmax"))
+_or_standard(aten._log_softmax.default)(_softmax_forward("LogSoftmax"))
 
 
 @_or_standard(aten._safe_softmax.default)
@@ -314,7 +315,6 @@ def aten__safe_softmax(self, dim: int, dtype: int = -1):
     if not self.shape:
         raise _NotFused("the fused SafeSoftmax takes a tensor of one or more dimensions")
     return _fused("SafeSoftmax", [self], dim=int(dim))[0]
-_or_standard(aten._log_softmax.default)(_softmax_forward("LogSoftmax"))
 
 
 @_or_standard(aten.native_layer_norm.default)
