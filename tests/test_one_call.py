@@ -7,11 +7,19 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import onnxruntime as ort
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from onnx import helper
 
 import aot2onnx
+from aot2onnx.errors import RuntimeSessionError
+from aot2onnx.runtime.one_call import view_outputs, with_shape
 from aot2onnx.runtime.session import OrtGraph
 
 
@@ -126,3 +134,100 @@ def test_bfloat16_inputs_keep_the_binding():
     assert torch.equal(compiled(a), (a * 2).sum())
     refusals = [g.one_call_refusal for g in _graphs()]
     assert refusals and all("numpy" in r for r in refusals)
+
+
+def _view_model(outputs: list[str], nodes: list, dims: dict[str, list]) -> onnx.ModelProto:
+    """A float32 graph of ``nodes`` over input ``x`` [256, 256] returning ``outputs`` of declared ``dims``."""
+    graph = helper.make_graph(
+        nodes, "views", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [256, 256])],
+        [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, dims[o]) for o in outputs],
+        initializer=[onnx.numpy_helper.from_array(np.array([64, 1024], np.int64), "shape")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_returned_views_of_computed_values_are_handed_over_without_a_copy():
+    # A Reshape of a computed value is returned as that value; of a graph input, of a value also returned, of
+    # a value another output already views, of less than 256 KiB or to a symbolic shape, it stays.
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["r_view"]),
+        helper.make_node("Reshape", ["r", "shape"], ["r_view2"]),
+        helper.make_node("Reshape", ["x", "shape"], ["x_view"]),
+        helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Identity", ["n"], ["n_copy"]),
+        helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Reshape", ["e", "shape"], ["e_view"]),
+        helper.make_node("Abs", ["x"], ["a"]), helper.make_node("Reshape", ["a", "shape"], ["a_view"]),
+        helper.make_node("Sin", ["x"], ["s"]), helper.make_node("Slice", ["s", "zero", "two"], ["s_small"]),
+        helper.make_node("Identity", ["s_small"], ["s_small_copy"]),
+    ]
+    nodes[10:10] = [helper.make_node("Constant", [], ["zero"], value_ints=[0]),
+                    helper.make_node("Constant", [], ["two"], value_ints=[2])]
+    outputs = ["r_view", "r_view2", "x_view", "n_copy", "e", "e_view", "a_view", "s_small_copy"]
+    dims = {o: [64, 1024] for o in outputs}
+    dims.update(n_copy=[256, 256], e=[256, 256], a_view=["b", 1024], s_small_copy=[2, 256])
+    model = _view_model(outputs, nodes, dims)
+    rewritten, replaced = view_outputs(model, outputs)
+    assert replaced == {0: ("r", (64, 1024)), 3: ("n", (256, 256))}
+    assert [o.name for o in rewritten.graph.output] == ["r", *outputs[1:3], "n", *outputs[4:]]
+    assert [o.name for o in model.graph.output] == outputs  # the caller's model is left as it is
+
+    # The session runs the rewritten graph and gives each replaced output its shape back on the same memory.
+    session = ort.InferenceSession(rewritten.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+    results = [torch.from_numpy(a) for a in session.run(None, {"x": x})]
+    shaped = with_shape(results[0], (64, 1024), "r_view")
+    assert shaped.shape == (64, 1024) and shaped._base is None and shaped.data_ptr() == results[0].data_ptr()
+    assert torch.equal(shaped, torch.from_numpy(np.maximum(x, 0).reshape(64, 1024)))
+    with pytest.raises(RuntimeSessionError, match="65536 elements"):
+        with_shape(results[0], (64, 1000), "r_view")
+
+
+class _Attention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.qkv, self.proj = heads, nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in self.qkv(x).split(d, dim=-1))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return y.flatten(1), y.sum()
+
+
+def test_saved_and_returned_views_train_with_the_copies_bits_and_eagers_numbers(monkeypatch):
+    # The forward graph saves views of the attention's operands for the backward pass (clone + _unsafe_view of
+    # a transposed tensor) and returns the user's y.flatten(1): handed over without a copy, the same bits as
+    # with the copies, eager's numbers.
+    torch.manual_seed(0)
+    model = _Attention(128, 4)
+    x = torch.randn(8, 128, 128)
+    runs = []
+    for views in (True, False):
+        if not views:
+            monkeypatch.setattr("aot2onnx.runtime.session.view_outputs", lambda model, returned: (model, {}))
+        aot2onnx.reset_compiled_graphs()
+        torch._dynamo.reset()
+        copied = copy.deepcopy(model)
+        flat, total = torch.compile(copied, backend="aot2onnx", options={"fallback": False, "cache": False})(x)
+        forward = next(g for g in _graphs() if g.kind.value == "forward")
+        assert (forward.view_outputs >= 3) == views, forward.view_outputs
+        (flat.square().sum() + total).backward()
+        runs.append([flat.detach(), total.detach(), *(p.grad for p in copied.parameters())])
+        if views:
+            assert flat._base is None  # the caller's own tensor, not a view of another
+    _assert_same_bits(runs[0], runs[1])
+    eager = copy.deepcopy(model)
+    flat, total = eager(x)
+    (flat.square().sum() + total).backward()
+    for got, expected in zip(runs[0], [flat.detach(), total.detach(), *(p.grad for p in eager.parameters())]):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_returned_view_written_in_place_leaves_the_next_runs_alone():
+    aot2onnx.reset_compiled_graphs()
+    compiled = torch.compile(lambda x: (x.exp() * 2).view(128, 1024), backend="aot2onnx", options={"fallback": False})
+    x = torch.randn(512, 256)
+    first = compiled(x)
+    assert sum(g.view_outputs for g in _graphs()) == 1 and first._base is None
+    expected = first.clone()
+    first.add_(1.0)
+    assert torch.equal(compiled(x), expected)

@@ -16,10 +16,18 @@ Not every graph can run this way; :func:`refusal` says why one cannot, and that 
 - an input of a dtype numpy has no type for (bfloat16, under autocast): ``push_back_batch`` takes numpy
   dtypes;
 - a complex input or output: the binding hands it over as its real pairs.
+
+A returned output that is a view of a value computed in the graph (``view``, ``reshape``, ``squeeze``,
+``unsqueeze``, ``flatten``, ``clone``: a Reshape, Squeeze, Unsqueeze, Flatten or Identity node) costs a copy in
+ONNX Runtime, which gives every graph output memory of its own: the Hugging Face GPT-2's and the benchmark GPT's
+forward graphs return a dozen such views of their activations, saved for the backward pass (``x.view(-1, d)``
+for a product's weight gradient). :func:`view_outputs` has the graph return the viewed value itself, and the
+session gives it the output's shape on the same memory, without a copy (:func:`with_shape`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,7 +42,7 @@ from aot2onnx.runtime import _ort_compat
 from aot2onnx.runtime.dtypes import TORCH_TO_ONNX
 from aot2onnx.signature import GraphSignature, InputKind
 
-__all__ = ["OneCallRun", "refusal"]
+__all__ = ["OneCallRun", "refusal", "view_outputs", "with_shape"]
 
 # The dtypes push_back_batch takes (as numpy's), by torch dtype, and their ONNX element types.
 _NUMPY = {
@@ -70,6 +78,62 @@ def refusal(model: onnx.ModelProto, signature: GraphSignature, device: torch.dev
         if value.type.tensor_type.elem_type not in _ONNX_TYPES:
             return f"input {value.name!r} has a dtype numpy has no type for"
     return None
+
+
+# The nodes whose output is their first input's elements in the same order: a view in torch, a copy in ONNX
+# Runtime where the output is the graph's.
+_VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+
+# The smallest output replaced: giving a tensor its shape back costs about 2 us of Python, the copy of 64 KiB
+# about as much (2 cores, 2026-11-28); the device suite's 64 KiB views measured no faster, the main suite's
+# 256 KiB to 1 MiB ones 3-5% on the GPT's and the transformer layer's step.
+_VIEW_MIN_BYTES = 256 * 1024
+
+
+def view_outputs(model: onnx.ModelProto,
+                 returned: Sequence[str]) -> tuple[onnx.ModelProto, dict[int, tuple[str, tuple[int, ...]]]]:
+    """``model`` with each returned output that views another value of the graph replaced by that value, and
+    for each replaced output, by position in ``returned``, the value's name and the shape to give it back
+    (module docstring); ``model`` itself where there is none.
+
+    An output is replaced where it is made by a Reshape, Squeeze, Unsqueeze, Flatten or Identity node of the
+    standard domain, its declared shape is static, it holds at least :data:`_VIEW_MIN_BYTES`, and the viewed
+    value is computed by a node (not a graph input or a constant, whose memory is not the run's own) and
+    neither returned by the graph itself nor viewed by another replaced output: the memory then belongs to that one output, as a copy's would, and no
+    two outputs share it (a user's in-place write to one cannot reach a tensor saved for the backward pass).
+    Outputs holding written inputs' new values or checks are left alone: ``returned`` names the returned ones.
+    """
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    outputs = {o.name: o for o in graph.output}
+    taken = {*outputs, *(i.name for i in graph.input), *(i.name for i in graph.initializer)}
+    taken |= {out for node in graph.node if node.op_type == "Constant" for out in node.output}
+    renamed: dict[str, str] = {}
+    replaced: dict[int, tuple[str, tuple[int, ...]]] = {}
+    for position, name in enumerate(returned):
+        node, declared = producers.get(name), outputs.get(name)
+        if node is None or declared is None or node.domain not in ("", "ai.onnx") or node.op_type not in _VIEWS:
+            continue
+        source = node.input[0]
+        tensor_type = declared.type.tensor_type
+        dims = tensor_type.shape.dim if tensor_type.HasField("shape") else None
+        if not source or source in taken or name in renamed or dims is None or not all(d.HasField("dim_value") for d in dims):
+            continue
+        shape = tuple(d.dim_value for d in dims)
+        if math.prod(shape) * onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).itemsize < _VIEW_MIN_BYTES:
+            continue
+        taken.add(source)
+        renamed[name] = source
+        replaced[position] = (source, shape)
+    if not renamed:
+        return model, {}
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    for output in rewritten.graph.output:
+        if output.name in renamed:
+            output.name = renamed[output.name]
+            output.type.tensor_type.ClearField("shape")  # the viewed value's shape, which ONNX Runtime infers
+    return rewritten, replaced
 
 
 class OneCallRun:
@@ -110,6 +174,16 @@ class OneCallRun:
         fetches = _ort_compat.ort_value_vector()
         sess_run(self.run_options, self.names, feeds, self.output_names, fetches, self.output_devices)
         return fetches.to_dlpacks(_from_capsule)
+
+
+def with_shape(tensor: torch.Tensor, shape: tuple[int, ...], name: str) -> torch.Tensor:
+    """``tensor``'s memory as a contiguous tensor of ``shape``, which it owns with ``tensor`` as torch's views do
+    but is no view (``_base`` None): an in-place write to it is a plain tensor's, as to a copy."""
+    if tensor.numel() != math.prod(shape):
+        raise RuntimeSessionError(
+            f"ONNX Runtime returned {name!r} with {tensor.numel()} elements, where the output it stands for has "
+            f"shape {list(shape)}: a bug of aot2onnx's, please report it")
+    return torch.empty(0, dtype=tensor.dtype).set_(tensor.untyped_storage(), tensor.storage_offset(), shape)
 
 
 def _fix(tensor: Any, graph_name: str) -> torch.Tensor:

@@ -29,6 +29,7 @@ from aot2onnx.runtime.nchwc import DOMAIN as NCHWC
 from aot2onnx.runtime.nchwc import rewrite_convolutions
 from aot2onnx.runtime.one_call import OneCallRun
 from aot2onnx.runtime.one_call import refusal as one_call_refusal
+from aot2onnx.runtime.one_call import view_outputs, with_shape
 from aot2onnx.runtime.precision import compute_in_float
 from aot2onnx.runtime.rewrites import (
     disabled_optimizers,
@@ -452,6 +453,8 @@ class OrtGraph:
         self.fused_selects = 0  # Where nodes run by the fused kernels' Where (rewrites.fused_selects)
         self.split_reductions = 0  # per-channel sums taken in two steps on CUDA (rewrites.split_channel_reductions)
         self.serial: list[str] = []  # nodes that make the session run on one thread (serial_nodes)
+        self.view_outputs = 0  # returned outputs handed over as the value they view (one_call.view_outputs)
+        self._view_shapes: list[tuple[int, tuple[int, ...], str]] = []  # their positions, shapes and names
         self._cuda = device.type == "cuda" and options.providers is None
         self._op_types = cuda.graph_op_types(model) if self._cuda else frozenset()  # what TF32 concerns
         self._precision = cuda.precision_settings() if self._cuda else None
@@ -491,7 +494,13 @@ class OrtGraph:
                     self.serial = serial_nodes(model)
                 self.one_call_refusal = one_call_refusal(model, signature, device, providers, self._in_place)
                 if self.one_call_refusal is None:
-                    self._one_call = OneCallRun(signature, [name for name, _ in self._output_dims])
+                    model, replaced = view_outputs(model, self._onnx_outputs)
+                    self._onnx_outputs = tuple(replaced[k][0] if k in replaced else name
+                                               for k, name in enumerate(self._onnx_outputs))
+                    self._view_shapes = [(k, shape, self._output_dims[k][0]) for k, (_, shape) in sorted(replaced.items())]
+                    self.view_outputs = len(replaced)
+                    self._one_call = OneCallRun(signature, [
+                        *self._onnx_outputs, *(name for name, _ in self._output_dims[len(self._onnx_outputs):])])
                 model_bytes = model.SerializeToString()
                 disabled = disabled_optimizers(model)
                 self.fused_kernels = uses_fused_kernels(model)
@@ -783,6 +792,8 @@ class OrtGraph:
                 results = [torch.from_dlpack(values[i]) for i in range(len(values))]
             if graphed is not None and graphed.remembers:
                 graphed.remember(results)
+            for position, shape, name in self._view_shapes:
+                results[position] = with_shape(results[position], shape, name)
             if new_shapes:
                 self._check_shapes(results, {name: bound[1] for name, bound in self._bound.items()})
             for index, position in copied:
@@ -811,6 +822,8 @@ class OrtGraph:
                 if timed is not None:
                     ort_run.seconds += timed.seconds
             self.runs += 1
+            for position, shape, name in self._view_shapes:
+                results[position] = with_shape(results[position], shape, name)
             if shapes != self._one_call_shapes:
                 self._check_shapes(results, dict(zip(one_call.names, shapes)))
                 self._one_call_shapes = shapes
