@@ -143,6 +143,87 @@ def _opmath_scalar_operand(gm: torch.fx.GraphModule, node: torch.fx.Node) -> boo
     return True
 
 
+_ZEROS = {aten.new_zeros.default: None, aten.zeros.default: None, aten.zeros_like.default: None,
+          aten.full.default: 1, aten.new_full.default: 2}  # and the position of the fill value
+
+
+def _is_zeros(node: Any) -> bool:
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or node.target not in _ZEROS:
+        return False
+    fill = _ZEROS[node.target]
+    return fill is None or (len(node.args) > fill and node.args[fill] == 0)
+
+
+def _select_scatter_slot(node: Any, val: torch.Tensor) -> tuple[torch.fx.Node, int, int] | None:
+    """(source, dim, index) of ``select_scatter(zeros, source, dim, index)`` of ``val``'s shape and dtype."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function"
+            and node.target is aten.select_scatter.default and len(node.users) == 1):
+        return None
+    base, source, dim, index = node.args
+    out = node.meta.get("val")
+    if not (_is_zeros(base) and isinstance(out, torch.Tensor) and out.shape == val.shape and out.dtype == val.dtype
+            and isinstance(dim, int) and isinstance(index, int) and isinstance(source, torch.fx.Node)):
+        return None
+    size = out.shape[dim % out.dim()]
+    if not isinstance(size, int):
+        return None
+    return source, dim % out.dim(), index % size
+
+
+def _stacked_select_scatters(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """A sum of ``select_scatter(zeros, g_i, dim, i)`` that fills every index of ``dim`` once, as
+    ``stack([g_0, g_1, ...], dim) + 0``: the gradient of a tensor whose slices were each read once
+    (``nn.MultiheadAttention``'s packed in-projection reads ``proj[0]``, ``proj[1]``, ``proj[2]``; the backward
+    graph adds three zero tensors with one slice set each). The same values bit for bit: each slice is its
+    gradient plus zeros, which turns -0.0 into 0.0 and nothing else, hence the ``+ 0``. Three full-size
+    tensors written and two added become one stack and one addition (the transformer layer's backward: three
+    Concats and two Adds of [3, 64, 8, 128]). Floating tensors only; the sum is rewritten at its last addition."""
+    out = node.meta.get("val")
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.is_complex() or out.dim() == 0:
+        return False
+    if node.kwargs.get("alpha", 1) != 1 or len(node.args) != 2:
+        return False
+    if any(u.op == "call_function" and u.target is aten.add.Tensor for u in node.users) and len(node.users) == 1:
+        return False  # an inner addition of the sum: the last one rewrites it whole
+    leaves, inner, pending = [], [], list(node.args)
+    while pending:
+        arg = pending.pop()
+        if (isinstance(arg, torch.fx.Node) and arg.op == "call_function" and arg.target is aten.add.Tensor
+                and len(arg.users) == 1 and len(arg.args) == 2 and arg.kwargs.get("alpha", 1) == 1):
+            inner.append(arg)
+            pending.extend(arg.args)
+            continue
+        leaves.append(arg)
+    slots = [_select_scatter_slot(leaf, out) for leaf in leaves]
+    if any(slot is None for slot in slots):
+        return False
+    dims = {slot[1] for slot in slots}
+    if len(dims) != 1:
+        return False
+    dim = dims.pop()
+    by_index = {slot[2]: slot[0] for slot in slots}
+    if sorted(by_index) != list(range(out.shape[dim])) or len(slots) != len(by_index):
+        return False
+    if any(by_index[i].meta.get("val") is None or by_index[i].meta["val"].dtype != out.dtype for i in by_index):
+        return False
+    with gm.graph.inserting_before(node):
+        stacked = gm.graph.call_function(aten.stack.default, ([by_index[i] for i in range(len(by_index))], dim))
+        stacked.meta["val"] = out
+        total = gm.graph.call_function(aten.add.Tensor, (stacked, 0.0))
+        total.meta["val"] = out
+    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+        if key in node.meta:
+            stacked.meta[key] = total.meta[key] = node.meta[key]
+    node.replace_all_uses_with(total)
+    gm.graph.erase_node(node)
+    for dead in [*inner, *leaves]:  # each inner addition after the one that read it, then the select_scatters
+        zeros = dead.args[0] if dead.target is aten.select_scatter.default else None
+        gm.graph.erase_node(dead)
+        if zeros is not None and not zeros.users:
+            gm.graph.erase_node(zeros)
+    return True
+
+
 # Rewrites of one node into what the rules lower, by overload (torch-mlir's ``register_canonicalize``). Each
 # returns whether it changed the graph; they run before the exporter's type promotion pass.
 CANONICAL: dict[torch._ops.OpOverload, Callable[[torch.fx.GraphModule, torch.fx.Node], bool]] = {
@@ -151,6 +232,7 @@ CANONICAL: dict[torch._ops.OpOverload, Callable[[torch.fx.GraphModule, torch.fx.
         (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode),
         _opmath_scalar_operand,
     ),
+    aten.add.Tensor: _stacked_select_scatters,
 }
 
 # Ops the exporter's type promotion pass is kept off (its table is keyed by packet name). The reductions' rules
