@@ -38,6 +38,7 @@
 #include <ATen/ops/hardswish.h>
 #include <ATen/ops/hardsigmoid.h>
 #include <ATen/ops/hardsigmoid_backward.h>
+#include <ATen/ops/hardtanh_backward.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
 #include <ATen/ops/native_batch_norm_backward.h>
 #include <ATen/ops/native_group_norm_backward.h>
@@ -291,6 +292,23 @@ struct ThresholdBackwardKernel {
 };
 struct ThresholdBackward : FusedOp<ThresholdBackward, ThresholdBackwardKernel> {
   static constexpr const char* kName = "ThresholdBackward";
+  static constexpr size_t kInputs = 2, kRequired = 2;
+  static constexpr std::array<size_t, 1> kLike{0};
+};
+
+// relu6's and hardtanh's gradient: zero at and outside [min_val, max_val], the gradient inside and at NaN.
+struct HardtanhBackwardKernel {
+  explicit HardtanhBackwardKernel(const Ort::ConstKernelInfo& info)
+      : min_(ExactFloat(info, "min_val")), max_(ExactFloat(info, "max_val")) {}
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    at::Tensor grad = Required(ctx, 0), self = Required(ctx, 1), out = Output(ctx, 0, grad);
+    at::hardtanh_backward_out(out, grad, self, min_, max_);
+  }
+  double min_, max_;
+};
+struct HardtanhBackward : FusedOp<HardtanhBackward, HardtanhBackwardKernel> {
+  static constexpr const char* kName = "HardtanhBackward";
   static constexpr size_t kInputs = 2, kRequired = 2;
   static constexpr std::array<size_t, 1> kLike{0};
 };
@@ -1129,6 +1147,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static Hardswish hardswish_forward;
   static Hardsigmoid hardsigmoid_forward;
   static HardsigmoidBackward hardsigmoid_backward;
+  static HardtanhBackward hardtanh_backward;
   static Ort::CustomOpDomain domain{kDomain};
   static bool added = [] {
     for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&threshold, &gelu, &hardswish, &silu, &tanh_op, &sigmoid,
@@ -1138,7 +1157,8 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
                                                                &log_softmax_forward, &layer_norm_forward, &where,
                                                                &convolution_backward, &max_pool_with_indices, &mat_mul,
                                                                &sum, &safe_softmax, &gelu_forward, &hardswish_forward,
-                                                               &hardsigmoid_forward, &hardsigmoid_backward}) {
+                                                               &hardsigmoid_forward, &hardsigmoid_backward,
+                                                               &hardtanh_backward}) {
       domain.Add(op);
     }
     return true;
