@@ -1,6 +1,8 @@
 """Threads and products per graph, measured (runtime/session.py): with the thread count left to aot2onnx, a CPU
-graph's first calls go in turn to its session and to each candidate (one thread; ONNX Runtime's own products in
-place of the fused kernels' ATen ones, on the graph's threads and on one), and the graph keeps the fastest.
+graph's first calls go in turn to its session and to each candidate (one thread or torch's; ONNX Runtime's own
+products in place of the fused kernels' ATen ones, on either), and the graph keeps the fastest. A graph whose
+heavy kernels are the fused kernels' starts on one thread, one with ONNX Runtime's convolutions or products on
+torch's count.
 Whichever it keeps, training matches eager; the trial stays out of graphs with random ops and of explicit
 thread counts. Speed is not tested here: the benchmark reports what the trial gives."""
 
@@ -61,10 +63,12 @@ def test_training_matches_eager_whichever_session_the_trial_keeps(keeps, two_thr
     for g in graphs:
         trial = g.thread_trial
         assert trial is not None, g  # settled
-        assert trial["threads"] == 2
+        assert trial["threads"] == (1 if fused else 2)  # the products and the norm are ATen's: one thread first
         assert trial["median_run_s"] > 0 and trial["one_thread_median_run_s"] > 0
         medians = trial["median_run_s_by_candidate"]
         own = next(iter(medians))
+        assert list(medians)[:2] == ([f"1 thread, ATen's products", "2 threads, ATen's products"] if fused
+                                     else ["2 threads", "1 thread"]), medians
         # With the fused kernels, the graphs' products are ATen's, and ONNX Runtime's own are candidates.
         assert len(medians) == (4 if fused else 2) and all(m > 0 for m in medians.values()), medians
         fastest = min(list(medians)[1:], key=medians.get)
@@ -96,6 +100,24 @@ def test_no_trial_for_an_explicit_thread_count_and_one_torch_thread_weighs_produ
         assert all(g.thread_trial is None for g in graphs)
 
 
+@pytest.mark.skipif(not fused_library_built(), reason="the fused kernels are not built")
+def test_graphs_start_on_one_thread_where_the_fused_kernels_do_the_heavy_work(two_threads):
+    # Products, norms, activations and the convolution's gradient in the fused kernels (ATen's, on torch's
+    # OpenMP threads): one intra-op thread. ONNX Runtime's convolution runs on its pool: torch's count. An
+    # explicit count is kept.
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    cnn = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4))
+    for model, x, threads, options in ((mlp, torch.randn(32, 16), [1, 1], {}), (cnn, torch.randn(4, 3, 8, 8), [2, 1], {}),
+                                       (mlp, torch.randn(32, 16), [2, 2], {"intra_op_num_threads": 2})):
+        aot2onnx.reset_compiled_graphs()
+        torch._dynamo.reset()
+        torch.compile(model, backend="aot2onnx", options={"cache": False, **options})(x).sum().backward()
+        graphs = [g for g in aot2onnx.compiled_graphs() if g.session is not None]
+        assert [g.kind.value for g in graphs] == ["forward", "backward"]
+        assert [g.intra_op_threads for g in graphs] == threads, [dict(g.op_counts) for g in graphs]
+
+
 def test_no_trial_for_a_graph_with_random_ops(two_threads):
     # A second session would replay the first one's dropout masks from the start: its kernels keep their own
     # generators, seeded alike.
@@ -105,7 +127,7 @@ def test_no_trial_for_a_graph_with_random_ops(two_threads):
     _train(model, torch.compile(model, backend="aot2onnx"), STEPS)
     forward = [g for g in aot2onnx.compiled_graphs() if g.kind == "forward"]
     assert len(forward) == 1 and forward[0].op_counts["Dropout"] == 1
-    assert forward[0].thread_trial is None and forward[0].intra_op_threads == 2
+    assert forward[0].thread_trial is None and forward[0].intra_op_threads == (1 if fused_library_built() else 2)
 
 
 def test_no_trial_for_a_profiled_session(two_threads, tmp_path):
@@ -119,7 +141,8 @@ def test_no_trial_for_a_profiled_session(two_threads, tmp_path):
         _train(model, compiled, 1)
     _train(model, compiled, STEPS)
     graphs = [g for g in aot2onnx.compiled_graphs() if g.session is not None]
-    assert len(graphs) == 2 and all(g.thread_trial is None and g.intra_op_threads == 2 for g in graphs)
+    threads = 1 if fused_library_built() else 2
+    assert len(graphs) == 2 and all(g.thread_trial is None and g.intra_op_threads == threads for g in graphs)
     for g in graphs:
         g.session.end_profiling()
 

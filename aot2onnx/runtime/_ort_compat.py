@@ -10,6 +10,7 @@ somewhere in a training step.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -65,9 +66,14 @@ def ort_value_vector() -> Any | None:
     """A new, empty C++ ``OrtValueVector`` (``push_back_batch(tensors, addresses, numpy dtypes, shapes,
     devices)``, ``to_dlpacks(to_tensor)``), from ``onnxruntime.capi``; None where this onnxruntime has no
     ``push_back_batch``."""
+    vector_type = _vector_type()
+    return None if vector_type is None else vector_type()
+
+
+@functools.cache
+def _vector_type() -> Any | None:
+    # Looked up once: a run makes two vectors, and the import and lookups cost more than making one.
     from onnxruntime.capi import _pybind_state
 
     vector_type = getattr(_pybind_state, "OrtValueVector", None)
-    if vector_type is None or not hasattr(vector_type, "push_back_batch"):
-        return None
-    return vector_type()
+    return vector_type if vector_type is not None and hasattr(vector_type, "push_back_batch") else None

@@ -342,20 +342,20 @@ class _ThreadTrial:
 
     @staticmethod
     def of(model: onnx.ModelProto, model_bytes: bytes, disabled: list[str], options: ort.SessionOptions,
-           fused_kernels: bool) -> _ThreadTrial | None:
-        """The trial of a graph, with its candidates; None where there is nothing to choose between."""
+           fused_kernels: bool, serial: bool) -> _ThreadTrial | None:
+        """The trial of a graph, with its candidates; None where there is nothing to choose between. A serial
+        graph (serial_nodes) weighs products only, on its one thread."""
         threads = options.intra_op_num_threads
+        counts = [1] if serial else sorted({threads, torch.get_num_threads(), 1}, reverse=True)
         own = "ATen's products" if fused_kernels and any(
             n.op_type == "Mm" and n.domain == FUSED_DOMAIN for n in model.graph.node) else ""
         candidates = [_Candidate(_label(threads, own), threads, model_bytes)]
-        if threads > 1:
-            candidates.append(_Candidate(_label(1, own), 1, model_bytes))
+        candidates += [_Candidate(_label(t, own), t, model_bytes) for t in counts if t != threads]
         if own:
             standard, count = standard_products(model)
             if count:
                 standard_bytes = standard.SerializeToString()
-                candidates += [_Candidate(_label(t, "MLAS's products"), t, standard_bytes)
-                               for t in sorted({threads, 1}, reverse=True)]
+                candidates += [_Candidate(_label(t, "MLAS's products"), t, standard_bytes) for t in counts]
         return _ThreadTrial(disabled, options, fused_kernels, candidates) if len(candidates) > 1 else None
 
 
@@ -380,6 +380,27 @@ class _Runner:
         session = ort.InferenceSession(candidate.model_bytes, sess_options=so, providers=["CPUExecutionProvider"],
                                        disabled_optimizers=trial.disabled_optimizers)
         return _Runner(session, c_binding(session), c_run_with_iobinding(session), {})
+
+
+# The ops whose ONNX Runtime kernels do a graph's heavy work on its intra-op pool (the NCHWc domain's Conv and
+# com.microsoft's fused ones included): a graph without them does it in the fused kernels, on torch's OpenMP
+# threads (_own_threads).
+_POOL_OPS = frozenset({"Conv", "ConvTranspose", "FusedConv", "MatMul", "Gemm", "FusedGemm", "FusedMatMul", "LSTM",
+                       "GRU", "RNN", "Attention", "MultiHeadAttention"})
+
+
+def _own_threads(model: onnx.ModelProto, options: Options, providers: list[Any], fused_kernels: bool) -> int | None:
+    """One intra-op thread for a CPU graph whose heavy kernels are the fused kernels' (ATen's, on torch's OpenMP
+    threads), with the thread count left to aot2onnx; None for torch's count. ONNX Runtime's pool would add
+    threads of its own beside OpenMP's, whose workers spin between ATen's parallel regions: on 2 cores the
+    step then loses more outside the run (the hand-off, AOTAutograd's wrappers, the optimizer) than the pool
+    gives its elementwise kernels. Same process, 7 alternating rounds, aot2onnx / eager, pool on torch's
+    threads (the trial's choice) -> one thread: encoder-s 1.26 -> 1.18, mlp-s 1.19 -> 1.15, gpt2-s 1.11 -> 1.07,
+    encoder 1.15 -> 1.10, GPT 1.07 -> 1.05; the CNN, whose convolutions are ONNX Runtime's, 0.90 -> 0.99. The
+    thread trial still times torch's count against it."""
+    if options.intra_op_num_threads or providers != ["CPUExecutionProvider"] or not fused_kernels:
+        return None
+    return None if any(node.op_type in _POOL_OPS for node in model_nodes(model)) else 1
 
 
 def _thread_trial_applies(model: onnx.ModelProto, options: Options, providers: list[Any],
@@ -454,6 +475,7 @@ class OrtGraph:
         self.split_reductions = 0  # per-channel sums taken in two steps on CUDA (rewrites.split_channel_reductions)
         self.serial: list[str] = []  # nodes that make the session run on one thread (serial_nodes)
         self.view_outputs = 0  # returned outputs handed over as the value they view (one_call.view_outputs)
+        self._own_threads: int | None = None  # the session's intra-op threads where not torch's (_own_threads)
         self._view_shapes: list[tuple[int, tuple[int, ...], str]] = []  # their positions, shapes and names
         self._cuda = device.type == "cuda" and options.providers is None
         self._op_types = cuda.graph_op_types(model) if self._cuda else frozenset()  # what TF32 concerns
@@ -470,6 +492,8 @@ class OrtGraph:
         self._one_call: OneCallRun | None = None
         self.one_call_refusal: str | None = "the graph has nothing to compute"
         self._one_call_shapes: list[torch.Size] | None = None
+        self._one_call_session: Any = None  # the session whose run_with_ortvaluevector _one_call_run is
+        self._one_call_run: Any = None
         if self._onnx_outputs or self._mutations or self._checks:
             try:
                 if self._cuda:
@@ -504,10 +528,12 @@ class OrtGraph:
                 model_bytes = model.SerializeToString()
                 disabled = disabled_optimizers(model)
                 self.fused_kernels = uses_fused_kernels(model)
+                self._own_threads = _own_threads(model, options, providers, self.fused_kernels)
                 sess_options = self._session_options()
                 self._session = self._open(model_bytes, sess_options, providers, disabled)
                 if _thread_trial_applies(model, options, providers, sess_options):
-                    self._trial = _ThreadTrial.of(model, model_bytes, disabled, sess_options, self.fused_kernels)
+                    self._trial = _ThreadTrial.of(model, model_bytes, disabled, sess_options, self.fused_kernels,
+                                                  bool(self.serial))
             except RuntimeSessionError:
                 raise
             except Exception as e:
@@ -543,7 +569,7 @@ class OrtGraph:
         """This graph's session options: a CUDA session shares an environment's arena only where its memory
         is the shared arena (``cuda.session_memory``), never where it is torch's or its own."""
         env = not self._cuda or cuda.session_memory(self.options, self.cuda_graph_refusal is None) == "shared"
-        return session_options(self.options, 1 if self.serial else None, fused_kernels=self.fused_kernels,
+        return session_options(self.options, 1 if self.serial else self._own_threads, fused_kernels=self.fused_kernels,
                                env_allocators=env, deterministic=self._cuda and self._algorithms[1])
 
     def _cuda_providers(self) -> list[Any]:
@@ -810,7 +836,9 @@ class OrtGraph:
         tensors = one_call.tensors(args, self.name)
         shapes = [t.shape for t in tensors]
         with self._lock:
-            sess_run = c_run_with_ortvaluevector(self._session)
+            if self._one_call_session is not self._session:  # the first run, or the thread trial's other session
+                self._one_call_session, self._one_call_run = self._session, c_run_with_ortvaluevector(self._session)
+            sess_run = self._one_call_run
             timed = _TimedRun(sess_run) if isinstance(ort_run, _TimedRun) else None
             try:
                 results = one_call.run(sess_run if timed is None else timed, tensors, shapes)
