@@ -99,8 +99,9 @@ def view_outputs(model: onnx.ModelProto,
     An output is replaced where it is made by a Reshape, Squeeze, Unsqueeze, Flatten or Identity node of the
     standard domain, its declared shape is static, it holds at least :data:`_VIEW_MIN_BYTES`, and the viewed
     value is computed by a node (not a graph input or a constant, whose memory is not the run's own) and
-    neither returned by the graph itself nor viewed by another replaced output: the memory then belongs to that one output, as a copy's would, and no
-    two outputs share it (a user's in-place write to one cannot reach a tensor saved for the backward pass).
+    neither returned by the graph itself nor viewed by another replaced output: the memory then belongs to
+    that one output, as a copy's would, and no two outputs share it (a user's in-place write to one cannot
+    reach a tensor saved for the backward pass).
     Outputs holding written inputs' new values or checks are left alone: ``returned`` names the returned ones.
     """
     graph = model.graph
@@ -117,7 +118,7 @@ def view_outputs(model: onnx.ModelProto,
         source = node.input[0]
         tensor_type = declared.type.tensor_type
         dims = tensor_type.shape.dim if tensor_type.HasField("shape") else None
-        if not source or source in taken or name in renamed or dims is None or not all(d.HasField("dim_value") for d in dims):
+        if not source or source in taken or dims is None or not all(d.HasField("dim_value") for d in dims):
             continue
         shape = tuple(d.dim_value for d in dims)
         if math.prod(shape) * onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).itemsize < _VIEW_MIN_BYTES:

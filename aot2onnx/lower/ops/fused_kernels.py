@@ -92,7 +92,8 @@ def aten_hardtanh_backward(grad_output, self, min_val, max_val):
     """hardtanh_backward(Tensor grad_output, Tensor self, Scalar min_val, Scalar max_val) -> Tensor"""
     # relu6's gradient (MobileNetV2): the standard rule's Or of two comparisons and a zero-sign-keeping select
     # (LessOrEqual, GreaterOrEqual, Or, ReduceSum, Sub, IsNaN, If) is ATen's one pass here.
-    return _fused("HardtanhBackward", [grad_output, self], min_val=float(min_val).hex(), max_val=float(max_val).hex())[0]
+    bounds = {"min_val": float(min_val).hex(), "max_val": float(max_val).hex()}
+    return _fused("HardtanhBackward", [grad_output, self], **bounds)[0]
 
 
 @_or_standard(aten.gelu_backward.default)
