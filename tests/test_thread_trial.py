@@ -67,7 +67,7 @@ def test_training_matches_eager_whichever_session_the_trial_keeps(keeps, two_thr
         assert trial["median_run_s"] > 0 and trial["one_thread_median_run_s"] > 0
         medians = trial["median_run_s_by_candidate"]
         own = next(iter(medians))
-        assert list(medians)[:2] == ([f"1 thread, ATen's products", "2 threads, ATen's products"] if fused
+        assert list(medians)[:2] == (["1 thread, ATen's products", "2 threads, ATen's products"] if fused
                                      else ["2 threads", "1 thread"]), medians
         # With the fused kernels, the graphs' products are ATen's, and ONNX Runtime's own are candidates.
         assert len(medians) == (4 if fused else 2) and all(m > 0 for m in medians.values()), medians

@@ -27,9 +27,8 @@ from aot2onnx.runtime.dtypes import TORCH_TO_ONNX
 from aot2onnx.runtime.inplace import writable_in_place
 from aot2onnx.runtime.nchwc import DOMAIN as NCHWC
 from aot2onnx.runtime.nchwc import rewrite_convolutions
-from aot2onnx.runtime.one_call import OneCallRun
+from aot2onnx.runtime.one_call import OneCallRun, view_outputs, with_shape
 from aot2onnx.runtime.one_call import refusal as one_call_refusal
-from aot2onnx.runtime.one_call import view_outputs, with_shape
 from aot2onnx.runtime.precision import compute_in_float
 from aot2onnx.runtime.rewrites import (
     disabled_optimizers,
