@@ -109,7 +109,6 @@ def view_outputs(model: onnx.ModelProto,
     outputs = {o.name: o for o in graph.output}
     taken = {*outputs, *(i.name for i in graph.input), *(i.name for i in graph.initializer)}
     taken |= {out for node in graph.node if node.op_type == "Constant" for out in node.output}
-    renamed: dict[str, str] = {}
     replaced: dict[int, tuple[str, tuple[int, ...]]] = {}
     for position, name in enumerate(returned):
         node, declared = producers.get(name), outputs.get(name)
@@ -124,10 +123,10 @@ def view_outputs(model: onnx.ModelProto,
         if math.prod(shape) * onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).itemsize < _VIEW_MIN_BYTES:
             continue
         taken.add(source)
-        renamed[name] = source
         replaced[position] = (source, shape)
-    if not renamed:
+    if not replaced:
         return model, {}
+    renamed = {returned[position]: source for position, (source, _) in replaced.items()}
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
     for output in rewritten.graph.output:

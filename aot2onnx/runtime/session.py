@@ -473,9 +473,9 @@ class OrtGraph:
         self.fused_selects = 0  # Where nodes run by the fused kernels' Where (rewrites.fused_selects)
         self.split_reductions = 0  # per-channel sums taken in two steps on CUDA (rewrites.split_channel_reductions)
         self.serial: list[str] = []  # nodes that make the session run on one thread (serial_nodes)
-        self.view_outputs = 0  # returned outputs handed over as the value they view (one_call.view_outputs)
         self._own_threads: int | None = None  # the session's intra-op threads where not torch's (_own_threads)
-        self._view_shapes: list[tuple[int, tuple[int, ...], str]] = []  # their positions, shapes and names
+        # The returned outputs handed over as the value they view (one_call.view_outputs): positions, shapes, names.
+        self._view_shapes: list[tuple[int, tuple[int, ...], str]] = []
         self._cuda = device.type == "cuda" and options.providers is None
         self._op_types = cuda.graph_op_types(model) if self._cuda else frozenset()  # what TF32 concerns
         self._precision = cuda.precision_settings() if self._cuda else None
@@ -520,8 +520,8 @@ class OrtGraph:
                     model, replaced = view_outputs(model, self._onnx_outputs)
                     self._onnx_outputs = tuple(replaced[k][0] if k in replaced else name
                                                for k, name in enumerate(self._onnx_outputs))
-                    self._view_shapes = [(k, shape, self._output_dims[k][0]) for k, (_, shape) in sorted(replaced.items())]
-                    self.view_outputs = len(replaced)
+                    self._view_shapes = [(k, shape, self._output_dims[k][0])
+                                         for k, (_, shape) in sorted(replaced.items())]
                     self._one_call = OneCallRun(signature, [
                         *self._onnx_outputs, *(name for name, _ in self._output_dims[len(self._onnx_outputs):])])
                 model_bytes = model.SerializeToString()
@@ -817,8 +817,7 @@ class OrtGraph:
                 results = [torch.from_dlpack(values[i]) for i in range(len(values))]
             if graphed is not None and graphed.remembers:
                 graphed.remember(results)
-            for position, shape, name in self._view_shapes:
-                results[position] = with_shape(results[position], shape, name)
+            self._shape_views(results)
             if new_shapes:
                 self._check_shapes(results, {name: bound[1] for name, bound in self._bound.items()})
             for index, position in copied:
@@ -849,8 +848,7 @@ class OrtGraph:
                 if timed is not None:
                     ort_run.seconds += timed.seconds
             self.runs += 1
-            for position, shape, name in self._view_shapes:
-                results[position] = with_shape(results[position], shape, name)
+            self._shape_views(results)
             if shapes != self._one_call_shapes:
                 self._check_shapes(results, dict(zip(one_call.names, shapes)))
                 self._one_call_shapes = shapes
@@ -860,6 +858,16 @@ class OrtGraph:
             checked = results[returned + len(self._mutations):]
             del results[returned:]
         return self._finish(results, checked)
+
+    def _shape_views(self, results: list[torch.Tensor]) -> None:
+        """Gives the outputs handed over as the value they view their own shapes (one_call.view_outputs)."""
+        for position, shape, name in self._view_shapes:
+            results[position] = with_shape(results[position], shape, name)
+
+    @property
+    def view_outputs(self) -> int:
+        """How many returned outputs the run hands over as the value they view, without a copy."""
+        return len(self._view_shapes)
 
     def _finish(self, results: list[torch.Tensor], checked: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """A run's returned outputs, after its checks raised eager's error where ATen would have."""
