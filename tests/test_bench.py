@@ -17,6 +17,7 @@ import torch
 
 from aot2onnx.__main__ import main as aot2onnx_main
 from aot2onnx.options import Options
+from aot2onnx.runtime import fused
 from aot2onnx.tools import bench
 from aot2onnx.tools.bench import models, report, timing, worker
 
@@ -77,6 +78,12 @@ def test_quick_bench_report_structure(tmp_path, monkeypatch):
     for key in ("others_cores_rounds", "others_cores_fresh"):  # the noise on the machine, read from /proc/stat
         assert model[key] is not None and math.isfinite(model[key]), key
 
+    # Untimed steps until the thread trials settle: at most --trial-steps (3 under --quick).
+    assert results["settings"]["trial_steps"] == 3
+    assert 0 <= model["contenders"]["aot2onnx"]["trial_steps"] <= 3
+    assert 0 <= small["levers"][0]["trial_steps"] <= 3
+    assert "until each graph's thread trial has settled" in text
+
     # aot2onnx's sessions, read back: spinning off by default, and ONNX Runtime ran.
     assert model["sessions"]["sessions"] >= 2
     assert model["sessions"]["allow_spinning"] == ["0"]
@@ -85,10 +92,12 @@ def test_quick_bench_report_structure(tmp_path, monkeypatch):
     # From the runtime's profiling hook: both graphs' calls, and ONNX Runtime's run timed inside them.
     assert breakdown["ort_calls_per_step"] == 2
     assert breakdown["run_source"] == "timed" and breakdown["run_s"] > 0 and breakdown["call_s"] > 0
-    # From ONNX Runtime's profiler, on the profiled copy: both graphs, and the MLP's matrix products by name.
+    # From ONNX Runtime's profiler, on the profiled copy: both graphs, and the MLP's matrix products by name
+    # (the fused kernels' Mm where they are built, ONNX Runtime's Gemm or MatMul without them).
     assert breakdown["profile"]["sessions"] >= 2 and breakdown["kernel_s"] > 0
     assert breakdown["profile"]["by_kind"].keys() == {"forward", "backward"}
-    assert {"Gemm", "MatMul"} & breakdown["profile"]["by_op"].keys(), breakdown["profile"]["by_op"]
+    products = {"Mm"} if fused.library() is not None else {"Gemm", "MatMul"}
+    assert products & breakdown["profile"]["by_op"].keys(), breakdown["profile"]["by_op"]
     # The parts come from separate clocks (the profiler, the hook, the step), so under load one can exceed
     # the step it is part of: no timing relation is asserted, only that every part was measured.
     parts = dict(breakdown["parts"])
@@ -146,6 +155,31 @@ def test_quick_bench_report_structure(tmp_path, monkeypatch):
     slow = bench.render_markdown(results)
     assert "- Step time, mlp-s: aot2onnx" in slow
     assert "| Device-scale suite: no model above 1.2x eager (aot2onnx / eager) | mlp-s 1.30 | **not met** |" in slow
+
+
+def test_the_rounds_wait_for_the_thread_trials_to_settle():
+    class Graph:
+        def __init__(self, calls: int) -> None:
+            self.calls = calls
+
+        @property
+        def trial_pending(self) -> bool:
+            return self.calls > 0
+
+    class Runner:
+        steps = 0
+
+        def step(self) -> None:
+            self.steps += 1
+            for g in graphs:
+                g.calls -= 1
+
+    graphs, runner = [Graph(5), Graph(12)], Runner()
+    assert timing._settle_trials(runner, graphs, 400) == 12 == runner.steps
+    assert not any(g.trial_pending for g in graphs)
+    assert timing._settle_trials(runner, graphs, 400) == 0  # settled: no step more
+    graphs[:] = [Graph(50)]
+    assert timing._settle_trials(runner, graphs, 20) == 20 and graphs[0].trial_pending  # the limit holds
 
 
 def test_failing_contender_is_reported_not_fatal(tmp_path, monkeypatch):

@@ -62,7 +62,7 @@ def test_training_matches_eager_whichever_session_the_trial_keeps(keeps, two_thr
     fused = fused_library_built()
     for g in graphs:
         trial = g.thread_trial
-        assert trial is not None, g  # settled
+        assert trial is not None and not g.trial_pending, g  # settled
         assert trial["threads"] == (1 if fused else 2)  # the products and the norm are ATen's: one thread first
         assert trial["median_run_s"] > 0 and trial["one_thread_median_run_s"] > 0
         medians = trial["median_run_s_by_candidate"]
@@ -202,3 +202,14 @@ def test_serial_nodes_names_the_reducing_scatters_only():
          helper.make_tensor_value_info("upd", TensorProto.FLOAT, [3, 2])],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 2]) for n in ("plain", "none", "adds", "maxes")])
     assert sorted(rewrites.serial_nodes(helper.make_model(graph))) == ["adds", "maxes"]
+
+
+def test_a_graph_reports_its_trial_under_way_until_it_settles(two_threads):
+    aot2onnx.reset_compiled_graphs()
+    model = _model()
+    compiled = torch.compile(model, backend="aot2onnx")
+    _train(model, compiled, 1)
+    graphs = [g for g in aot2onnx.compiled_graphs() if g.session is not None]
+    assert len(graphs) == 2 and all(g.trial_pending and g.thread_trial is None for g in graphs)
+    _train(model, compiled, STEPS - 1)
+    assert all(not g.trial_pending and g.thread_trial is not None for g in graphs)

@@ -707,6 +707,11 @@ class OrtGraph:
         self._trial = None
 
     @property
+    def trial_pending(self) -> bool:
+        """Whether the graph's thread trial is still under way: its calls still take turns between sessions."""
+        return self._trial is not None
+
+    @property
     def intra_op_threads(self) -> int | None:
         """The intra-op thread count of the session the graph runs on now (None without a session)."""
         return None if self._session is None else self._session.get_session_options().intra_op_num_threads

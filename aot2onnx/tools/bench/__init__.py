@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=5, help="rounds of alternating contenders (default 5)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per contender per round (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before each timed block (default 3)")
+    p.add_argument("--trial-steps", type=int, default=400,
+                   help="untimed steps at most after aot2onnx's first step, until each graph's thread trial has "
+                   "settled (default 400)")
     p.add_argument("--breakdown-steps", type=int, default=20, help="steps of the aot2onnx breakdown (default 20)")
     p.add_argument("--process-steps", type=int, default=10,
                    help="steps after the first in each fresh process, for peak RSS (default 10)")
@@ -77,6 +80,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         args.levers = not args.quick
     if args.quick:
         args.rounds, args.steps, args.warmup = min(args.rounds, 2), min(args.steps, 3), min(args.warmup, 1)
+        args.trial_steps = min(args.trial_steps, 3)
         args.breakdown_steps, args.process_steps = min(args.breakdown_steps, 3), min(args.process_steps, 2)
         args.warm_cache = False
     return args

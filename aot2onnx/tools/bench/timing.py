@@ -161,6 +161,16 @@ def _graph_ids() -> set[int]:
     return {id(g) for g in compiled_graphs()}
 
 
+def _settle_trials(runner: Runner, graphs: Sequence[OrtGraph], limit: int) -> int:
+    """Untimed steps until no graph of ``graphs`` is in its thread trial, at most ``limit``; how many ran. The
+    rounds then time the sessions a training run keeps, not the trial's turns between sessions."""
+    steps = 0
+    while steps < limit and any(g.trial_pending for g in graphs):
+        runner.step()
+        steps += 1
+    return steps
+
+
 def _breakdown(runner: Runner, base: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable, warmup: int,
                steps: int, chunks: int = 4) -> dict[str, Any]:
     """Splits aot2onnx's step: the runtime's call timings on the compiled contender, kernel times from a
@@ -278,8 +288,10 @@ def _bench_levers(default: Runner | None, base: nn.Module, x: torch.Tensor, y: t
         try:
             if lever.optimizer not in defaults:
                 tag = "aot2onnx_" + lever.optimizer.replace("-", "_")
+                before = _graph_ids()
                 runner = Runner("aot2onnx", copy.deepcopy(base), x, y, loss_fn, tag=tag, optimizer=lever.optimizer)
                 runner.step()
+                _settle_trials(runner, _new_graphs(before), args.trial_steps)
                 defaults[lever.optimizer] = runner
             before, fallbacks_before = _graph_ids(), {id(g) for g in fallback_graphs()}
             options = {k: torch.get_num_threads() if v == TORCH_THREADS else v for k, v in lever.options.items()}
@@ -288,6 +300,7 @@ def _bench_levers(default: Runner | None, base: nn.Module, x: torch.Tensor, y: t
             start = time.perf_counter()
             mine.step()
             entry["in_process_first_step_s"] = time.perf_counter() - start
+            entry["trial_steps"] = _settle_trials(mine, _new_graphs(before), args.trial_steps)
             entry["sessions"] = _session_settings(_new_graphs(before))
             entry["fallback_graphs"] = sum(1 for g in fallback_graphs() if id(g) not in fallbacks_before)
             default_times, lever_times = _alternate([defaults[lever.optimizer], mine], args)
@@ -346,6 +359,7 @@ def _bench_model(name: str, args: argparse.Namespace, cache_root: str, log: Call
             if contender == "aot2onnx":
                 aot_graphs = _new_graphs(before)
                 fallbacks = [g for g in fallback_graphs() if id(g) not in fallbacks_before]
+                per[contender]["trial_steps"] = _settle_trials(runner, aot_graphs, args.trial_steps)
         except Exception as e:
             per[contender]["error"] = failure(e)
             log(f"  {contender}: failed: {per[contender]['error']}")
@@ -476,7 +490,7 @@ def run_suite(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": "python -m aot2onnx bench " + " ".join(args.argv),
         "machine": _machine(args.threads), "versions": _versions(), "load_start": _load(),
-        "settings": {k: getattr(args, k) for k in ("rounds", "steps", "warmup", "breakdown_steps",
+        "settings": {k: getattr(args, k) for k in ("rounds", "steps", "warmup", "trial_steps", "breakdown_steps",
                                                       "process_steps", "threads", "quick", "levers")},
         "contenders": list(args.contenders), "models": [],
     }
