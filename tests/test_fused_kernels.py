@@ -590,6 +590,159 @@ def test_where_only_with_known_ranks_and_without_the_option_stays_standard():
 
 
 
+def _transpose_session(shape, perm, elem_type, domain):
+    import onnx
+    import onnxruntime as ort
+
+    from aot2onnx.runtime.session import session_options
+
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Transpose", ["x"], ["y"], perm=perm, domain=domain)], "g",
+        [onnx.helper.make_tensor_value_info("x", elem_type, shape)],
+        [onnx.helper.make_tensor_value_info("y", elem_type, None)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18),
+                                                         onnx.helper.make_opsetid("aot2onnx.fused", 1)])
+    so = session_options(aot2onnx.Options(), fused_kernels=True)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+TRANSPOSES = [
+    ([16, 32, 4, 8], [0, 2, 1, 3]),  # attention's head split: runs of 8
+    ([16, 4, 32, 8], [0, 2, 1, 3]),  # and merge
+    ([64, 32, 32], [1, 0, 2]),  # nn.MultiheadAttention's
+    ([1, 64, 8, 3, 128], [3, 1, 2, 0, 4]),  # its packed projection's split: axes of size 1, merged neighbours
+    ([2, 3, 5, 7], [2, 0, 1, 3]),
+    ([3, 1, 4, 1, 6], [4, 2, 0, 1, 3]),  # the last axis moves: element by element
+    ([4, 8, 16, 32, 8], [0, 3, 1, 2, 4]),
+    ([64, 130, 9, 3], [1, 0, 2, 3]),  # 224640 elements: rows shared among threads
+    ([5, 0, 3], [1, 0, 2]),  # no elements
+    ([2, 3, 4], [0, 1, 2]),  # the identity
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape,perm", TRANSPOSES, ids=str)
+def test_the_fused_transpose_copies_onnx_runtimes_bytes(shape, perm, threads):
+    """The fused Transpose gives ONNX Runtime's own Transpose's bytes: every element type size (bool, 16-bit
+    floats, float32 with NaN payloads and signed zeros, int64), any permutation, on one thread and two."""
+    import numpy as np
+    from onnx import TensorProto
+
+    rng = np.random.default_rng(0)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for elem_type, values in (
+            (TensorProto.FLOAT, rng.standard_normal(shape).astype(np.float32)),
+            (TensorProto.BOOL, rng.random(shape) > 0.5),
+            (TensorProto.FLOAT16, rng.standard_normal(shape).astype(np.float16)),
+            (TensorProto.INT64, rng.integers(-2**62, 2**62, shape)),
+            (TensorProto.UINT8, rng.integers(0, 255, shape).astype(np.uint8)),
+        ):
+            if elem_type == TensorProto.FLOAT and values.size >= 3:
+                flat = values.reshape(-1)
+                flat[:3] = [np.nan, -0.0, -np.inf]
+                flat.view(np.uint32)[0] |= 0x12345  # a NaN payload
+            got = _transpose_session(shape, perm, elem_type, "aot2onnx.fused").run(None, {"x": values})[0]
+            want = _transpose_session(shape, perm, elem_type, "").run(None, {"x": values})[0]
+            assert got.shape == want.shape == tuple(shape[p] for p in perm)
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (elem_type, shape, perm)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_the_fused_transpose_refuses_a_perm_that_is_not_a_permutation():
+    import numpy as np
+    from onnx import TensorProto
+
+    with pytest.raises(Exception, match="perm is not a permutation"):
+        session = _transpose_session([2, 3, 4], [0, 0, 2], TensorProto.FLOAT, "aot2onnx.fused")
+        session.run(None, {"x": np.zeros((2, 3, 4), np.float32)})
+
+
+def test_transposes_that_keep_the_last_axis_run_fused():
+    """Which Transposes the rewrite gives the fused kernel: a computed tensor's, of known rank and element type,
+    rank 3 or more, the last axis in place. An initializer's (ONNX Runtime folds it), one that moves the last axis,
+    one of unknown rank and a string tensor's stay ONNX Runtime's."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from aot2onnx.runtime.rewrites import fused_transposes
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["a"], perm=[0, 2, 1, 3]),  # fused
+        helper.make_node("Transpose", ["r"], ["b"], perm=[0, 1, 3, 2]),  # moves the last axis
+        helper.make_node("Transpose", ["w"], ["c"], perm=[1, 0, 2]),  # an initializer's
+        helper.make_node("Transpose", ["u"], ["d"], perm=[1, 0, 2]),  # unknown rank
+        helper.make_node("Transpose", ["s"], ["e"], perm=[1, 0, 2]),  # strings
+        helper.make_node("Transpose", ["x"], ["f"], perm=[2, 1, 0, 3]),  # a graph input's: fused
+    ]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5]),
+         helper.make_tensor_value_info("u", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("s", TensorProto.STRING, [1, 2, 3])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abcdf"]
+        + [helper.make_tensor_value_info("e", TensorProto.STRING, None)],
+        [onnx.numpy_helper.from_array(np.ones((2, 3, 4), np.float32), "w")],
+        value_info=[helper.make_tensor_value_info("r", TensorProto.FLOAT, [2, 3, 4, 5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    rewritten, count = fused_transposes(model)
+    assert count == 2
+    assert [n.output[0] for n in rewritten.graph.node if n.domain == "aot2onnx.fused"] == ["a", "f"]
+    assert all(n.domain == "" for n in model.graph.node)  # the given model is untouched
+    assert fused_transposes(rewritten)[1] == 0
+
+
+def test_attention_trains_as_eager_with_its_transposes_fused():
+    """A Hugging Face-style attention block (heads split and merged by permute) trains on the fused Transposes:
+    forward and gradients bit for bit as with ONNX Runtime's own Transpose, and within tolerance of eager's."""
+    import aot2onnx.runtime.session as session
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.out, self.heads = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32), 4
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = (t.view(b, s, self.heads, 8).permute(0, 2, 1, 3) for t in self.qkv(x).chunk(3, dim=-1))
+            attn = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, dim=-1) @ v
+            return self.out(attn.permute(0, 2, 1, 3).reshape(b, s, 32)).pow(2).sum()
+
+    def run(rewrite):
+        torch._dynamo.reset()
+        aot2onnx.reset_compiled_graphs()
+        torch.manual_seed(0)
+        model = Attention()
+        x = torch.randn(3, 10, 32)
+        original = session.fused_transposes
+        if not rewrite:
+            session.fused_transposes = lambda m: (m, 0)
+        try:
+            compiled = torch.compile(model, backend="aot2onnx", options={"cache": False, "fallback": False})
+            loss = compiled(x)
+            loss.backward()
+        finally:
+            session.fused_transposes = original
+        counts = [g.fused_transposes for g in compiled_graphs() if g.session is not None]
+        return loss, [p.grad for p in model.parameters()], counts, model, x
+
+    loss, grads, counts, model, x = run(True)
+    assert len(counts) == 2 and all(c >= 1 for c in counts), counts
+    standard_loss, standard_grads, standard_counts, _, _ = run(False)
+    assert standard_counts == [0, 0]
+    assert _same(loss, standard_loss) and all(_same(a, b) for a, b in zip(grads, standard_grads))
+    model.zero_grad()
+    eager = model(x)
+    eager.backward()
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-5)
+    for a, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_inferred_shapes_keep_symbolic_sizes():
     """The library's shape inference names a symbolic size (ONNX Runtime's C++ helper wrote it as -2, which
     ONNX Runtime 1.32 refuses, and the output was left without a shape): outputs of a select, a max pooling with

@@ -33,6 +33,7 @@ from aot2onnx.runtime.precision import compute_in_float
 from aot2onnx.runtime.rewrites import (
     disabled_optimizers,
     fused_selects,
+    fused_transposes,
     model_nodes,
     serial_nodes,
     split_channel_reductions,
@@ -471,6 +472,7 @@ class OrtGraph:
         self.float32_nodes = 0  # low-precision nodes computed in float32, having no kernel (precision.py)
         self.fused_kernels = False  # whether the graph runs nodes of aot2onnx's fused kernels (runtime/fused.py)
         self.fused_selects = 0  # Where nodes run by the fused kernels' Where (rewrites.fused_selects)
+        self.fused_transposes = 0  # Transpose nodes run by the fused kernels' (rewrites.fused_transposes)
         self.split_reductions = 0  # per-channel sums taken in two steps on CUDA (rewrites.split_channel_reductions)
         self.serial: list[str] = []  # nodes that make the session run on one thread (serial_nodes)
         self._own_threads: int | None = None  # the session's intra-op threads where not torch's (_own_threads)
@@ -511,6 +513,7 @@ class OrtGraph:
                     model, self.float32_nodes = compute_in_float(model)
                     if options.fused_kernels and fused.library() is not None:
                         model, self.fused_selects = fused_selects(model)
+                        model, self.fused_transposes = fused_transposes(model)
                 if providers == ["CPUExecutionProvider"]:
                     # CUDA's provider runs kernels on a stream, in the same order; kept to copies until tested.
                     self._in_place = writable_in_place(model, signature)
