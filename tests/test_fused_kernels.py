@@ -743,6 +743,195 @@ def test_attention_trains_as_eager_with_its_transposes_fused():
         torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-6)
 
 
+def _elementwise_model(nodes, inputs, outputs, initializers=(), value_info=()):
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers), value_info=list(value_info))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _ort_run(model, feeds, fused_kernels=True):
+    import onnxruntime as ort
+
+    from aot2onnx.runtime.session import session_options
+
+    so = session_options(aot2onnx.Options(), fused_kernels=fused_kernels)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_elementwise_chains_give_onnx_runtimes_bits(seed, threads):
+    """Random chains of Add, Sub, Mul, Div and Neg over tensors and one-element constants, float32 and float64,
+    with NaN, infinities, signed zeros and subnormals among the values: the fused Elementwise gives the nodes'
+    own values bit for bit (where both operands of an operation are NaN, x86 lets either payload through: there
+    NaN is NaN), on one thread and two (70000 elements: blocks shared among threads)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from aot2onnx.runtime.rewrites import fused_elementwise
+
+    rng = np.random.default_rng(seed)
+    dtype, elem = [(np.float32, TensorProto.FLOAT), (np.float64, TensorProto.DOUBLE)][seed % 2]
+    shape = [7, 10000] if seed % 3 == 0 else [3, 5, 4]
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, np.finfo(dtype).tiny / 4, 1e30, -1e-30], dtype)
+    feeds = {}
+    for name in ("x", "y", "z"):
+        values = rng.standard_normal(shape).astype(dtype) * 10
+        values.reshape(-1)[rng.integers(0, values.size, 12)] = rng.choice(special, 12)
+        feeds[name] = values
+    constants = [onnx.numpy_helper.from_array(np.array(v, dtype).reshape(r), f"c{k}")
+                 for k, (v, r) in enumerate([(0.5, ()), (-3.0, (1,)), (0.044715, ()), (-0.0, ()), (1e-40, ())])]
+    available, nodes = ["x", "y", "z"], []
+    for k in range(int(rng.integers(3, 14))):
+        op = str(rng.choice(["Add", "Sub", "Mul", "Div", "Neg"]))
+        a = str(rng.choice(available))
+        b = str(rng.choice(available + [c.name for c in constants]))
+        if rng.random() < 0.3:
+            a, b = b, a
+        if a.startswith("c") and b.startswith("c"):
+            b = "x"
+        if op == "Neg" and a.startswith("c"):
+            a = "y"
+        nodes.append(helper.make_node(op, [a] if op == "Neg" else [a, b], [f"v{k}"]))
+        available.append(f"v{k}")
+    outputs = [helper.make_tensor_value_info(v, elem, None) for v in available[3:][-3:]]
+    model = _elementwise_model(nodes, [helper.make_tensor_value_info(n, elem, shape) for n in "xyz"], outputs,
+                               constants)
+    rewritten, count = fused_elementwise(model)
+    assert count >= 2 and sum(n.op_type == "Elementwise" for n in rewritten.graph.node) >= 1, nodes
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = _ort_run(rewritten, feeds)
+    finally:
+        torch.set_num_threads(previous)
+    want = _ort_run(model, feeds, fused_kernels=False)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert np.array_equal(np.isnan(g), np.isnan(w))
+        both = ~np.isnan(w)
+        assert g[both].tobytes() == w[both].tobytes(), seed
+
+
+def test_fused_elementwise_keeps_a_nan_payload_as_the_nodes_do():
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from aot2onnx.runtime.rewrites import fused_elementwise
+
+    x = np.linspace(-3, 3, 64, dtype=np.float32)
+    x.view(np.uint32)[5] = 0x7FC12345  # a quiet NaN with a payload
+    x.view(np.uint32)[6] = 0xFFC00001
+    nodes = [helper.make_node("Mul", ["x", "x"], ["a"]), helper.make_node("Add", ["a", "x"], ["b"]),
+             helper.make_node("Neg", ["b"], ["c"])]
+    model = _elementwise_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
+                               [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)])
+    rewritten, count = fused_elementwise(model)
+    assert count == 3
+    assert _ort_run(rewritten, {"x": x})[0].tobytes() == _ort_run(model, {"x": x}, False)[0].tobytes()
+
+
+def test_fused_elementwise_regions_stay_in_order_and_keep_what_others_read():
+    """Which nodes a region takes: a chain and a sibling reading the same tensor; not a node reading a value computed
+    after the region's first node outside it (a Tanh of the region's result: fused, the graph would have a cycle),
+    a broadcast operand, an integer tensor, a constant of higher rank. A region's value that another node, a
+    subgraph or the graph's outputs read is an output of the fused node; the others stay inside."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from aot2onnx.runtime.rewrites import fused_elementwise
+
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Mul", ["x", "half"], ["m0"]),  # region A (sibling of the chain below: reads x)
+        helper.make_node("Mul", ["x", "x"], ["sq"]),  # region A
+        helper.make_node("Mul", ["sq", "x"], ["cube"]),  # region A
+        helper.make_node("Add", ["cube", "x"], ["inner"]),  # region A; read by the Tanh: an output
+        helper.make_node("Tanh", ["inner"], ["t"]),
+        helper.make_node("Add", ["t", "one"], ["t1"]),  # reads t, computed after A began: region B
+        helper.make_node("Mul", ["m0", "t1"], ["out"]),  # region B (m0 from A, before B)
+        helper.make_node("Add", ["x", "col"], ["bcast"]),  # [2, 3] + [2, 1]: not fused
+        helper.make_node("Add", ["bcast", "x"], ["b2"]),  # reads a broadcast result: alone, not fused
+        helper.make_node("Mul", ["i", "i"], ["isq"]),  # int64: not fused
+        helper.make_node("Mul", ["x", "wide"], ["w"]),  # a [1, 1, 1] constant: broadcasts x up a rank
+    ]
+    model = _elementwise_model(
+        nodes,
+        [helper.make_tensor_value_info("x", f, [2, 3]), helper.make_tensor_value_info("col", f, [2, 1]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, [2, 3])],
+        [helper.make_tensor_value_info(n, TensorProto.INT64 if n == "isq" else f, None)
+         for n in ("out", "b2", "isq", "w", "sq")],
+        [onnx.numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+         onnx.numpy_helper.from_array(np.array([1.0], np.float32), "one"),
+         onnx.numpy_helper.from_array(np.ones((1, 1, 1), np.float32), "wide")],
+        [helper.make_tensor_value_info("bcast", f, [2, 3]), helper.make_tensor_value_info("t", f, [2, 3])])
+    rewritten, count = fused_elementwise(model)
+    fused = [n for n in rewritten.graph.node if n.op_type == "Elementwise"]
+    assert count == 6 and len(fused) == 2
+    a, b = fused
+    assert list(a.output) == ["m0", "sq", "inner"]  # m0 (read by B), sq (a graph output), inner (read by Tanh)
+    assert list(b.output) == ["out"]
+    assert [n.op_type for n in rewritten.graph.node] == ["Elementwise", "Tanh", "Elementwise", "Add", "Add",
+                                                        "Mul", "Mul"]
+    feeds = {"x": np.array([[1.5, -2.0, 0.25], [3.0, -0.0, 7.0]], np.float32),
+             "col": np.array([[1.0], [2.0]], np.float32), "i": np.arange(6).reshape(2, 3)}
+    for g, w in zip(_ort_run(rewritten, feeds), _ort_run(model, feeds, False)):
+        assert g.shape == w.shape and g.tobytes() == w.tobytes()
+    known = {"x", "col", "i", "half", "one", "wide"}
+    for node in rewritten.graph.node:  # in order: each node reads what earlier ones computed
+        assert set(node.input) <= known, node
+        known |= set(node.output)
+
+
+def test_gpt2s_gelu_trains_with_fused_chains_as_without():
+    """Hugging Face's GPT-2 GELU written out (gelu_new): forward and gradients bit for bit with the chains fused
+    and without, within tolerance of eager's."""
+    import math
+
+    import aot2onnx.runtime.session as session
+
+    class Mlp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(32, 128), torch.nn.Linear(128, 32)
+
+        def forward(self, x):
+            h = self.up(x)
+            h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+            return self.down(h).pow(2).mean()
+
+    def run(rewrite):
+        torch._dynamo.reset()
+        aot2onnx.reset_compiled_graphs()
+        torch.manual_seed(0)
+        model, x = Mlp(), torch.randn(4, 16, 32) * 3
+        original = session.fused_elementwise
+        if not rewrite:
+            session.fused_elementwise = lambda m: (m, 0)
+        try:
+            loss = torch.compile(model, backend="aot2onnx", options={"cache": False, "fallback": False})(x)
+            loss.backward()
+        finally:
+            session.fused_elementwise = original
+        counts = [g.fused_elementwise for g in compiled_graphs() if g.session is not None]
+        return loss, [p.grad for p in model.parameters()], counts, model, x
+
+    loss, grads, counts, model, x = run(True)
+    assert len(counts) == 2 and counts[0] >= 6 and counts[1] >= 6, counts
+    plain_loss, plain_grads, plain_counts, _, _ = run(False)
+    assert plain_counts == [0, 0]
+    assert _same(loss, plain_loss) and all(_same(a, b) for a, b in zip(grads, plain_grads))
+    model.zero_grad()
+    eager = model(x)
+    eager.backward()
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
+    for a, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_inferred_shapes_keep_symbolic_sizes():
     """The library's shape inference names a symbolic size (ONNX Runtime's C++ helper wrote it as -2, which
     ONNX Runtime 1.32 refuses, and the output was left without a shape): outputs of a select, a max pooling with

@@ -235,6 +235,7 @@ struct FusedOp : Ort::CustomOpBase<Op, Guarded<Kernel>, true> {
   size_t GetInputTypeCount() const { return Op::kInputs; }
   ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+    if constexpr (requires { Op::kVariadic; }) return INPUT_OUTPUT_VARIADIC;  // one or more, of one type
     return index < Op::kRequired ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
   }
   size_t GetOutputTypeCount() const {
@@ -251,6 +252,7 @@ struct FusedOp : Ort::CustomOpBase<Op, Guarded<Kernel>, true> {
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
+    if constexpr (requires { Op::kVariadic; }) return INPUT_OUTPUT_VARIADIC;
     if constexpr (requires { Op::kOutputsOptional; }) return INPUT_OUTPUT_OPTIONAL;  // the node says which
     return index == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
   }
@@ -771,6 +773,175 @@ struct Where : FusedOp<Where, WhereKernel> {
   }
 };
 
+// --- Elementwise: a chain of ONNX Add, Sub, Mul, Div and Neg of one float type and shape, in one pass --------
+// Hugging Face's GPT-2 GELU ("gelu_new", written out) is 13 such nodes in the forward graph and 15 in the
+// backward, each a pass over memory in ONNX Runtime on one thread. The fused node runs them block by block, each
+// instruction the same IEEE operation on the same operands in the same order as the node it replaces (the
+// library is built with -ffp-contract=off: no multiply-add is contracted), so its values are those nodes' bit for
+// bit. An operand is an input of the node's shape or of one element (a constant, broadcast), or an earlier
+// instruction's result. Where both operands of an instruction are NaN, which payload comes out is the compiler's
+// choice of operand order, as it is in ONNX Runtime's and ATen's kernels.
+//
+// Attributes: program, 3 ints an instruction (opcode, operand a, operand b; b is -1 for Neg), operands counted
+// from the node's inputs on, then the instructions' results; results, the operand each output is.
+
+enum ElementwiseOp : int64_t { kAdd = 0, kSub = 1, kMul = 2, kDiv = 3, kNeg = 4 };
+
+struct ElementwiseKernel {
+  explicit ElementwiseKernel(const Ort::ConstKernelInfo& info)
+      : program_(info.GetAttributes<int64_t>("program")), outputs_(info.GetAttributes<int64_t>("results")) {
+    if (program_.size() % 3 != 0) throw std::runtime_error("aot2onnx fused Elementwise: program of triples");
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    const size_t inputs = ctx.GetInputCount();
+    const auto type = ctx.GetInput(0).GetTensorTypeAndShapeInfo().GetElementType();
+    if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) return Run<float>(ctx, inputs);
+    if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE) return Run<double>(ctx, inputs);
+    throw std::runtime_error("aot2onnx fused Elementwise: float32 or float64 tensors");
+  }
+
+  template <typename T>
+  void Run(Ort::KernelContext& ctx, size_t inputs) {
+    const size_t steps = program_.size() / 3, values = inputs + steps;
+    // The node's shape: its inputs of more than one element share it.
+    std::vector<int64_t> shape;
+    int64_t n = 1;
+    bool shaped = false;
+    std::vector<const T*> input(inputs);
+    std::vector<bool> scalar(values, false);
+    for (size_t i = 0; i < inputs; ++i) {
+      Ort::ConstValue value = ctx.GetInput(i);
+      auto info = value.GetTensorTypeAndShapeInfo();
+      if (info.GetElementType() != ctx.GetInput(0).GetTensorTypeAndShapeInfo().GetElementType()) {
+        throw std::runtime_error("aot2onnx fused Elementwise: inputs of one type");
+      }
+      input[i] = static_cast<const T*>(value.GetTensorRawData());
+      scalar[i] = info.GetElementCount() == 1;  // broadcast (where every input has one element, so do results)
+      std::vector<int64_t> dims = info.GetShape();
+      if (info.GetElementCount() != 1) {
+        if (shaped && dims != shape) throw std::runtime_error("aot2onnx fused Elementwise: inputs of one shape");
+        shape = dims;
+        shaped = true;
+      } else if (!shaped && dims.size() > shape.size()) {
+        shape = dims;
+      }
+    }
+    for (int64_t d : shape) n *= d;
+    if (!shaped) n = 1;  // every input of one element: so are the results
+    for (size_t k = 0; k < steps; ++k) {
+      const int64_t op = program_[3 * k], a = program_[3 * k + 1], b = program_[3 * k + 2];
+      if (op < kAdd || op > kNeg || a < 0 || a >= static_cast<int64_t>(inputs + k) ||
+          (op == kNeg ? b != -1 : (b < 0 || b >= static_cast<int64_t>(inputs + k)))) {
+        throw std::runtime_error("aot2onnx fused Elementwise: an instruction reads a value not yet computed");
+      }
+      scalar[inputs + k] = scalar[a] && (op == kNeg || scalar[b]);
+    }
+    std::vector<T*> output(values, nullptr);  // where a result that is an output goes
+    for (size_t o = 0; o < outputs_.size(); ++o) {
+      const int64_t v = outputs_[o];
+      if (v < static_cast<int64_t>(inputs) || v >= static_cast<int64_t>(values) || output[v] != nullptr) {
+        throw std::runtime_error("aot2onnx fused Elementwise: each output one instruction's result");
+      }
+      output[v] = ctx.GetOutput(o, shape).GetTensorMutableData<T>();
+    }
+    if (n == 0) return;
+    constexpr int64_t kBlock = 256;
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    at::parallel_for(0, blocks, std::max<int64_t>(1, 32768 / kBlock), [&](int64_t begin, int64_t end) {
+      std::vector<T> scratch(steps * kBlock);
+      std::vector<const T*> at(values);
+      for (int64_t block = begin; block < end; ++block) {
+        const int64_t start = block * kBlock, len = std::min(kBlock, n - start);
+        for (size_t i = 0; i < inputs; ++i) at[i] = scalar[i] ? input[i] : input[i] + start;
+        for (size_t k = 0; k < steps; ++k) {
+          const size_t v = inputs + k;
+          T* r = output[v] != nullptr ? output[v] + start : scratch.data() + k * kBlock;
+          const int64_t op = program_[3 * k];
+          const T* x = at[program_[3 * k + 1]];
+          const T* y = op == kNeg ? nullptr : at[program_[3 * k + 2]];
+          const bool sx = scalar[program_[3 * k + 1]], sy = op != kNeg && scalar[program_[3 * k + 2]];
+          if (scalar[v]) {
+            Step<T, 1>(op, r, x, y, sx, sy, 1);
+          } else if (len == kBlock) {
+            Step<T, kBlock>(op, r, x, y, sx, sy, kBlock);  // a whole block: loops of a known length, vectorized
+          } else {
+            Step<T, 0>(op, r, x, y, sx, sy, len);
+          }
+          at[v] = r;
+        }
+      }
+    });
+  }
+
+  // One instruction over m elements (kLength of them where it is not 0: a length the compiler knows).
+  template <typename T, int64_t kLength>
+  __attribute__((target_clones("avx2", "default"))) static void Step(int64_t op, T* __restrict r, const T* x, const T* y, bool sx, bool sy, int64_t m) {
+    switch (op) {
+      case kAdd: return Apply<T, kLength>(r, x, y, sx, sy, m, [](T p, T q) { return p + q; });
+      case kSub: return Apply<T, kLength>(r, x, y, sx, sy, m, [](T p, T q) { return p - q; });
+      case kMul: return Apply<T, kLength>(r, x, y, sx, sy, m, [](T p, T q) { return p * q; });
+      case kDiv: return Apply<T, kLength>(r, x, y, sx, sy, m, [](T p, T q) { return p / q; });
+      default:
+        for (int64_t i = 0; i < (kLength ? kLength : m); ++i) r[i] = -x[i];
+    }
+  }
+
+  // r = f(x, y) over m elements, an operand of one element (sx, sy) read as that element throughout.
+  template <typename T, int64_t kLength, typename F>
+  static void Apply(T* __restrict r, const T* __restrict x, const T* __restrict y, bool sx, bool sy, int64_t m,
+                    F f) {
+    const int64_t n = kLength ? kLength : m;
+    if (sx && !sy) {
+      const T p = x[0];
+      for (int64_t i = 0; i < n; ++i) r[i] = f(p, y[i]);
+    } else if (sy && !sx) {
+      const T q = y[0];
+      for (int64_t i = 0; i < n; ++i) r[i] = f(x[i], q);
+    } else {
+      for (int64_t i = 0; i < n; ++i) r[i] = f(x[i], y[i]);
+    }
+  }
+
+  std::vector<int64_t> program_, outputs_;
+};
+struct Elementwise : FusedOp<Elementwise, ElementwiseKernel> {
+  static constexpr const char* kName = "Elementwise";
+  static constexpr size_t kInputs = 1, kRequired = 1, kOutputs = 1;
+  static constexpr bool kVariadic = true;
+
+  // Every output in the shape of the inputs of more than one element (of the widest where all have one), in the
+  // first input's type.
+  static OrtStatusPtr InferOutputs(Ort::ShapeInferContext& ctx, OrtShapeInferContext* context) {
+    const ONNXTensorElementDataType type = InputType(context, 0);
+    Ort::ShapeInferContext::Shape shape;
+    bool shaped = false;
+    for (size_t i = 0; i < ctx.GetInputCount(); ++i) {
+      const Ort::ShapeInferContext::Shape& in = ctx.GetInputShape(i);
+      int64_t elements = 1;
+      bool known = true;
+      for (const auto& d : in) {
+        if (!d.IsInt() || d.AsInt() < 0) known = false;
+        else elements *= d.AsInt();
+      }
+      if (!known || elements != 1) {
+        if (!shaped) {
+          for (const auto& d : in) shape.push_back(Known(d));
+          shaped = true;
+        }
+      } else if (!shaped && in.size() > shape.size()) {
+        shape.assign(in.begin(), in.end());
+      }
+    }
+    const size_t outputs = ctx.GetAttrInts("results").size();
+    for (size_t o = 0; o < outputs; ++o) {
+      if (OrtStatusPtr status = SetOutput(context, o, shape, type)) return status;
+    }
+    return nullptr;
+  }
+};
+
 // --- Transpose: ONNX's, as runs of contiguous elements copied in the output's order ----------------------------
 // Attention's head split and merge ([B, S, H, D] <-> [B, H, S, D]) keep the last axis: ONNX Runtime's CPU
 // Transpose took 20 us for 16384 float32 elements so ([16, 32, 4, 8]), a copy of runs of 8. A copy: the same bytes
@@ -1263,6 +1434,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static HardsigmoidBackward hardsigmoid_backward;
   static HardtanhBackward hardtanh_backward;
   static Transpose transpose;
+  static Elementwise elementwise;
   static Ort::CustomOpDomain domain{kDomain};
   static bool added = [] {
     for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&threshold, &gelu, &hardswish, &silu, &tanh_op, &sigmoid,
@@ -1273,7 +1445,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
                                                                &convolution_backward, &max_pool_with_indices, &mat_mul,
                                                                &sum, &safe_softmax, &gelu_forward, &hardswish_forward,
                                                                &hardsigmoid_forward, &hardsigmoid_backward,
-                                                               &hardtanh_backward, &transpose}) {
+                                                               &hardtanh_backward, &transpose, &elementwise}) {
       domain.Add(op);
     }
     return true;
