@@ -833,6 +833,49 @@ def test_fused_elementwise_keeps_a_nan_payload_as_the_nodes_do():
     assert _ort_run(rewritten, {"x": x})[0].tobytes() == _ort_run(model, {"x": x}, False)[0].tobytes()
 
 
+def test_fused_elementwise_writes_an_output_into_its_inputs_memory_after_reading_it():
+    """A compiled optimizer's step binds a parameter's new value to the parameter's memory (runtime/inplace.py).
+    The fused chain computes ``a = p * 0.9`` (bound to p) and then ``b = p + g``, which reads p at the same
+    positions: it must read the old p. Bound so, both outputs are the unbound run's bit for bit (70000 elements:
+    blocks on two threads)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from aot2onnx.runtime.rewrites import fused_elementwise
+    from aot2onnx.runtime.session import session_options
+
+    shape = [7, 10000]
+    nodes = [helper.make_node("Mul", ["p", "c"], ["a"]), helper.make_node("Add", ["p", "g"], ["t"]),
+             helper.make_node("Mul", ["t", "t"], ["b"])]
+    model = _elementwise_model(
+        nodes, [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("p", "g")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("a", "b")],
+        [onnx.numpy_helper.from_array(np.array(0.9, np.float32), "c")])
+    rewritten, count = fused_elementwise(model)
+    assert count == 3
+    rng = np.random.default_rng(0)
+    p, g = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    want = _ort_run(model, {"p": p, "g": g}, False)
+    session = ort.InferenceSession(rewritten.SerializeToString(), session_options(aot2onnx.Options(), fused_kernels=True),
+                                   providers=["CPUExecutionProvider"])
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(2):
+            memory, b = p.copy(), np.empty_like(p)
+            binding = session.io_binding()
+            binding.bind_input("p", "cpu", 0, np.float32, shape, memory.ctypes.data)
+            binding.bind_input("g", "cpu", 0, np.float32, shape, g.ctypes.data)
+            binding.bind_output("a", "cpu", 0, np.float32, shape, memory.ctypes.data)
+            binding.bind_output("b", "cpu", 0, np.float32, shape, b.ctypes.data)
+            session.run_with_iobinding(binding)
+            assert memory.tobytes() == want[0].tobytes() and b.tobytes() == want[1].tobytes()
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_fused_elementwise_regions_stay_in_order_and_keep_what_others_read():
     """Which nodes a region takes: a chain and a sibling reading the same tensor; not a node reading a value computed
     after the region's first node outside it (a Tanh of the region's result: fused, the graph would have a cycle),

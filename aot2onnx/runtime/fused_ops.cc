@@ -857,7 +857,7 @@ struct ElementwiseKernel {
         for (size_t i = 0; i < inputs; ++i) at[i] = scalar[i] ? input[i] : input[i] + start;
         for (size_t k = 0; k < steps; ++k) {
           const size_t v = inputs + k;
-          T* r = output[v] != nullptr ? output[v] + start : scratch.data() + k * kBlock;
+          T* r = scratch.data() + k * kBlock;
           const int64_t op = program_[3 * k];
           const T* x = at[program_[3 * k + 1]];
           const T* y = op == kNeg ? nullptr : at[program_[3 * k + 2]];
@@ -870,6 +870,11 @@ struct ElementwiseKernel {
             Step<T, 0>(op, r, x, y, sx, sy, len);
           }
           at[v] = r;
+        }
+        // The block's outputs last, after every read of its operands: an output may be bound to an input's
+        // memory (a compiled optimizer's parameter, runtime/inplace.py), read at the same positions.
+        for (size_t v = inputs; v < values; ++v) {
+          if (output[v] != nullptr) std::memcpy(output[v] + start, at[v], (scalar[v] ? 1 : len) * sizeof(T));
         }
       }
     });

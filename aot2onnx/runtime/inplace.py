@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 import onnx
 
-from aot2onnx.signature import GraphSignature, InputKind
+from aot2onnx.signature import FUSED_DOMAIN, GraphSignature, InputKind
 
 __all__ = ["writable_in_place"]
 
@@ -125,7 +125,12 @@ def writable_in_place(model: onnx.ModelProto, signature: GraphSignature) -> froz
 
 def _reads_elementwise(node: onnx.NodeProto, aliases: set[str], shape: tuple | None, shapes: dict[str, tuple]) -> bool:
     """Whether ``node`` reads the input (``aliases``) only as elementwise operands of its output's shape."""
-    if node.op_type not in _ELEMENTWISE or node.domain not in ("", "ai.onnx") or shape is None or None in shape:
+    # The fused kernels' chains of arithmetic (rewrites.fused_elementwise) write a block's outputs after every
+    # read of its operands, at the same positions: as an elementwise node.
+    fused_chain = node.op_type == "Elementwise" and node.domain == FUSED_DOMAIN
+    if not (fused_chain or node.op_type in _ELEMENTWISE and node.domain in ("", "ai.onnx")):
+        return False
+    if shape is None or None in shape:
         return False
     if any(a in aliases for a in _subgraph_reads(node)):
         return False
