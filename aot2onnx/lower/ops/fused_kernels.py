@@ -6,8 +6,9 @@ with reduction="add", which runs its graph on one thread: ``runtime/rewrites.py`
 forward ops the standard lowering spells out for exactness (softmax, log-softmax, layer norm, batch norm in
 training); and the matrix products (mm, addmm, bmm, baddbmm): ATen's GEMM on eager's OpenMP threads, where
 ONNX Runtime's MLAS products took 232-243 ms of the bench's GPT step against ATen's 147-167 in the same graphs
-(eager's products: 138). One node, eager's values bit for bit. (The graphs' Where nodes are the runtime's to
-swap: ``runtime/rewrites.py``'s ``fused_selects``.)
+(eager's products: 138). One node, eager's values bit for bit. (The graphs' Where nodes, their Transposes that
+keep the last axis and their chains of float arithmetic are the runtime's to swap: ``runtime/rewrites.py``'s
+``fused_selects``, ``fused_transposes`` and ``fused_elementwise``.)
 
 Only in :func:`aot2onnx.lower.registry.fused_registry`, which the compile backend uses for CPU graphs where the
 library is built; with it, the calls the kernels take are kept whole by the decomposition table
