@@ -213,3 +213,25 @@ def test_a_graph_reports_its_trial_under_way_until_it_settles(two_threads):
     assert len(graphs) == 2 and all(g.trial_pending and g.thread_trial is None for g in graphs)
     _train(model, compiled, STEPS - 1)
     assert all(not g.trial_pending and g.thread_trial is not None for g in graphs)
+
+
+def test_no_trial_where_torch_asks_for_deterministic_algorithms(two_threads):
+    """The trial keeps ATen's or MLAS's products by timing them, so the values could differ from process to
+    process; with torch.use_deterministic_algorithms(True) every graph keeps its own session, and two trainings
+    give the same bits."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = []
+        for _ in range(2):
+            torch._dynamo.reset()
+            aot2onnx.reset_compiled_graphs()
+            model = _model()
+            losses = _train(model, torch.compile(model, backend="aot2onnx"), STEPS)
+            graphs = [g for g in aot2onnx.compiled_graphs() if g.session is not None]
+            assert len(graphs) == 2 and all(not g.trial_pending and g.thread_trial is None for g in graphs)
+            runs.append((losses, [p.detach().clone() for p in model.parameters()]))
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    (a, pa), (b, pb) = runs
+    assert a == b and all(torch.equal(x, y) for x, y in zip(pa, pb))

@@ -414,6 +414,10 @@ def _thread_trial_applies(model: onnx.ModelProto, options: Options, providers: l
         return False
     if providers != ["CPUExecutionProvider"]:
         return False
+    if torch.are_deterministic_algorithms_enabled():
+        # The candidates' products (ATen's or MLAS's) sum in other orders: which one a trial keeps, timed on
+        # the machine, would change the values from process to process (a cold and a warm cache included).
+        return False
     return not any(node.domain in ("", "ai.onnx") and node.op_type in RANDOM_OPS for node in model_nodes(model))
 
 
