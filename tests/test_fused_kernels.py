@@ -590,11 +590,53 @@ def test_where_only_with_known_ranks_and_without_the_option_stays_standard():
 
 
 
-def _transpose_session(shape, perm, elem_type, domain):
-    import onnx
+def _cpu_session(model, fused_kernels=True):
+    """An ONNX Runtime CPU session of ``model`` with aot2onnx's session options (the library registered)."""
     import onnxruntime as ort
 
     from aot2onnx.runtime.session import session_options
+
+    so = session_options(aot2onnx.Options(), fused_kernels=fused_kernels)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _trains_as_without_the_rewrite(rewrite: str, make, at_least: int, loss_atol: float):
+    """Trains ``make()``'s (model, input) one step compiled, with the session rewrite ``rewrite`` (a function of
+    runtime/session.py) and with it replaced by one that leaves the model alone: each graph rewrote at least
+    ``at_least`` nodes, the loss and gradients are the same bits either way, and within tolerance of eager's."""
+    import aot2onnx.runtime.session as session
+
+    def run(rewritten):
+        torch._dynamo.reset()
+        aot2onnx.reset_compiled_graphs()
+        torch.manual_seed(0)
+        model, x = make()
+        original = getattr(session, rewrite)
+        if not rewritten:
+            setattr(session, rewrite, lambda m: (m, 0))
+        try:
+            loss = torch.compile(model, backend="aot2onnx", options={"cache": False, "fallback": False})(x)
+            loss.backward()
+        finally:
+            setattr(session, rewrite, original)
+        counts = [getattr(g, rewrite) for g in compiled_graphs() if g.session is not None]
+        return loss, [p.grad for p in model.parameters()], counts, model, x
+
+    loss, grads, counts, model, x = run(True)
+    assert len(counts) == 2 and all(c >= at_least for c in counts), counts
+    plain_loss, plain_grads, plain_counts, _, _ = run(False)
+    assert plain_counts == [0, 0]
+    assert _same(loss, plain_loss) and all(_same(a, b) for a, b in zip(grads, plain_grads))
+    model.zero_grad()
+    eager = model(x)
+    eager.backward()
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=loss_atol)
+    for a, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-6)
+
+
+def _transpose_session(shape, perm, elem_type, domain):
+    import onnx
 
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("Transpose", ["x"], ["y"], perm=perm, domain=domain)], "g",
@@ -602,8 +644,7 @@ def _transpose_session(shape, perm, elem_type, domain):
         [onnx.helper.make_tensor_value_info("y", elem_type, None)])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18),
                                                          onnx.helper.make_opsetid("aot2onnx.fused", 1)])
-    so = session_options(aot2onnx.Options(), fused_kernels=True)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return _cpu_session(model)
 
 
 TRANSPOSES = [
@@ -699,8 +740,6 @@ def test_transposes_that_keep_the_last_axis_run_fused():
 def test_attention_trains_as_eager_with_its_transposes_fused():
     """A Hugging Face-style attention block (heads split and merged by permute) trains on the fused Transposes:
     forward and gradients bit for bit as with ONNX Runtime's own Transpose, and within tolerance of eager's."""
-    import aot2onnx.runtime.session as session
-
     class Attention(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -712,35 +751,8 @@ def test_attention_trains_as_eager_with_its_transposes_fused():
             attn = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, dim=-1) @ v
             return self.out(attn.permute(0, 2, 1, 3).reshape(b, s, 32)).pow(2).sum()
 
-    def run(rewrite):
-        torch._dynamo.reset()
-        aot2onnx.reset_compiled_graphs()
-        torch.manual_seed(0)
-        model = Attention()
-        x = torch.randn(3, 10, 32)
-        original = session.fused_transposes
-        if not rewrite:
-            session.fused_transposes = lambda m: (m, 0)
-        try:
-            compiled = torch.compile(model, backend="aot2onnx", options={"cache": False, "fallback": False})
-            loss = compiled(x)
-            loss.backward()
-        finally:
-            session.fused_transposes = original
-        counts = [g.fused_transposes for g in compiled_graphs() if g.session is not None]
-        return loss, [p.grad for p in model.parameters()], counts, model, x
-
-    loss, grads, counts, model, x = run(True)
-    assert len(counts) == 2 and all(c >= 1 for c in counts), counts
-    standard_loss, standard_grads, standard_counts, _, _ = run(False)
-    assert standard_counts == [0, 0]
-    assert _same(loss, standard_loss) and all(_same(a, b) for a, b in zip(grads, standard_grads))
-    model.zero_grad()
-    eager = model(x)
-    eager.backward()
-    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-5)
-    for a, p in zip(grads, model.parameters()):
-        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-6)
+    _trains_as_without_the_rewrite("fused_transposes", lambda: (Attention(), torch.randn(3, 10, 32)), at_least=1,
+                                   loss_atol=1e-5)
 
 
 def _elementwise_model(nodes, inputs, outputs, initializers=(), value_info=()):
@@ -751,12 +763,7 @@ def _elementwise_model(nodes, inputs, outputs, initializers=(), value_info=()):
 
 
 def _ort_run(model, feeds, fused_kernels=True):
-    import onnxruntime as ort
-
-    from aot2onnx.runtime.session import session_options
-
-    so = session_options(aot2onnx.Options(), fused_kernels=fused_kernels)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    return _cpu_session(model, fused_kernels).run(None, feeds)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -840,11 +847,9 @@ def test_fused_elementwise_writes_an_output_into_its_inputs_memory_after_reading
     blocks on two threads)."""
     import numpy as np
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     from aot2onnx.runtime.rewrites import fused_elementwise
-    from aot2onnx.runtime.session import session_options
 
     shape = [7, 10000]
     nodes = [helper.make_node("Mul", ["p", "c"], ["a"]), helper.make_node("Add", ["p", "g"], ["t"]),
@@ -858,8 +863,7 @@ def test_fused_elementwise_writes_an_output_into_its_inputs_memory_after_reading
     rng = np.random.default_rng(0)
     p, g = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
     want = _ort_run(model, {"p": p, "g": g}, False)
-    session = ort.InferenceSession(rewritten.SerializeToString(), session_options(aot2onnx.Options(), fused_kernels=True),
-                                   providers=["CPUExecutionProvider"])
+    session = _cpu_session(rewritten)
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -934,8 +938,6 @@ def test_gpt2s_gelu_trains_with_fused_chains_as_without():
     and without, within tolerance of eager's."""
     import math
 
-    import aot2onnx.runtime.session as session
-
     class Mlp(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -946,33 +948,8 @@ def test_gpt2s_gelu_trains_with_fused_chains_as_without():
             h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
             return self.down(h).pow(2).mean()
 
-    def run(rewrite):
-        torch._dynamo.reset()
-        aot2onnx.reset_compiled_graphs()
-        torch.manual_seed(0)
-        model, x = Mlp(), torch.randn(4, 16, 32) * 3
-        original = session.fused_elementwise
-        if not rewrite:
-            session.fused_elementwise = lambda m: (m, 0)
-        try:
-            loss = torch.compile(model, backend="aot2onnx", options={"cache": False, "fallback": False})(x)
-            loss.backward()
-        finally:
-            session.fused_elementwise = original
-        counts = [g.fused_elementwise for g in compiled_graphs() if g.session is not None]
-        return loss, [p.grad for p in model.parameters()], counts, model, x
-
-    loss, grads, counts, model, x = run(True)
-    assert len(counts) == 2 and counts[0] >= 6 and counts[1] >= 6, counts
-    plain_loss, plain_grads, plain_counts, _, _ = run(False)
-    assert plain_counts == [0, 0]
-    assert _same(loss, plain_loss) and all(_same(a, b) for a, b in zip(grads, plain_grads))
-    model.zero_grad()
-    eager = model(x)
-    eager.backward()
-    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
-    for a, p in zip(grads, model.parameters()):
-        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-6)
+    _trains_as_without_the_rewrite("fused_elementwise", lambda: (Mlp(), torch.randn(4, 16, 32) * 3), at_least=6,
+                                   loss_atol=1e-6)
 
 
 def test_inferred_shapes_keep_symbolic_sizes():

@@ -811,10 +811,11 @@ struct ElementwiseKernel {
     bool shaped = false;
     std::vector<const T*> input(inputs);
     std::vector<bool> scalar(values, false);
+    const auto type = ctx.GetInput(0).GetTensorTypeAndShapeInfo().GetElementType();
     for (size_t i = 0; i < inputs; ++i) {
       Ort::ConstValue value = ctx.GetInput(i);
       auto info = value.GetTensorTypeAndShapeInfo();
-      if (info.GetElementType() != ctx.GetInput(0).GetTensorTypeAndShapeInfo().GetElementType()) {
+      if (info.GetElementType() != type) {
         throw std::runtime_error("aot2onnx fused Elementwise: inputs of one type");
       }
       input[i] = static_cast<const T*>(value.GetTensorRawData());

@@ -28,7 +28,7 @@ import onnx
 
 from aot2onnx.signature import FUSED_DOMAIN, GraphSignature, InputKind
 
-__all__ = ["writable_in_place"]
+__all__ = ["subgraph_reads", "writable_in_place"]
 
 # Ops whose output ONNX Runtime may place in their input's buffer (its CPU kernels declare the alias or reuse).
 _MAY_ALIAS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Dropout"})
@@ -42,7 +42,7 @@ _ELEMENTWISE = frozenset({
 })
 
 
-def _subgraph_reads(node: onnx.NodeProto) -> Iterator[str]:
+def subgraph_reads(node: onnx.NodeProto) -> Iterator[str]:
     """Names a node's subgraphs (If, Loop, Scan) read, their own values included: a superset of what
     they take from the enclosing graph."""
     stack = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
@@ -75,7 +75,7 @@ def writable_in_place(model: onnx.ModelProto, signature: GraphSignature) -> froz
     for i, node in enumerate(nodes):
         for name in node.output:
             producer[name] = i
-        names = {n for n in node.input if n} | set(_subgraph_reads(node))
+        names = {n for n in node.input if n} | set(subgraph_reads(node))
         reads.append(names)
         for name in names:
             readers[name].add(i)
@@ -132,6 +132,6 @@ def _reads_elementwise(node: onnx.NodeProto, aliases: set[str], shape: tuple | N
         return False
     if shape is None or None in shape:
         return False
-    if any(a in aliases for a in _subgraph_reads(node)):
+    if any(a in aliases for a in subgraph_reads(node)):
         return False
     return all(shapes.get(n) == shape for n in node.input if n in aliases)

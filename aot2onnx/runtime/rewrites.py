@@ -17,11 +17,12 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
+from aot2onnx.runtime.inplace import subgraph_reads
 from aot2onnx.signature import FUSED_DOMAIN
 
 __all__ = [
-    "disabled_optimizers", "fused_elementwise", "fused_selects", "fused_transposes", "model_nodes", "serial_nodes", "split_channel_reductions",
-    "standard_products",
+    "disabled_optimizers", "fused_elementwise", "fused_selects", "fused_transposes", "model_nodes", "serial_nodes",
+    "split_channel_reductions", "standard_products",
 ]
 
 
@@ -97,17 +98,33 @@ def fused_selects(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     nodes (If and Loop bodies) and functions' are left for the same reason."""
     graph = model.graph
     ranked = {name for name, (_, rank) in _tensor_types(graph).items() if rank is not None}
-    ranked |= {o for n in graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") for o in n.output}
+    ranked |= _constant_outputs(graph)
     positions = [k for k, n in enumerate(graph.node)
                  if n.op_type == "Where" and n.domain in ("", "ai.onnx") and all(i in ranked for i in n.input)]
+    return _to_fused_domain(model, positions)
+
+
+def _constant_outputs(graph: onnx.GraphProto) -> set[str]:
+    """The outputs of ``graph``'s ONNX Constant nodes."""
+    return {o for n in graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") for o in n.output}
+
+
+def _with_fused_opset(model: onnx.ModelProto) -> None:
+    """Imports the fused kernels' domain into ``model`` where it does not yet."""
+    if not any(o.domain == FUSED_DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(FUSED_DOMAIN, 1))
+
+
+def _to_fused_domain(model: onnx.ModelProto, positions: list[int]) -> tuple[onnx.ModelProto, int]:
+    """``model`` with its graph's nodes at ``positions`` in the fused kernels' domain (an op of the library by
+    the same name and attributes), and how many; ``model`` itself where there are none."""
     if not positions:
         return model, 0
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
     for k in positions:
         rewritten.graph.node[k].domain = FUSED_DOMAIN
-    if not any(o.domain == FUSED_DOMAIN for o in rewritten.opset_import):
-        rewritten.opset_import.append(onnx.helper.make_opsetid(FUSED_DOMAIN, 1))
+    _with_fused_opset(rewritten)
     return rewritten, len(positions)
 
 
@@ -130,8 +147,7 @@ def fused_transposes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     Transpose of an initializer or a Constant, which ONNX Runtime folds at session creation."""
     graph = model.graph
     types = _tensor_types(graph)
-    constants = {i.name for i in graph.initializer}
-    constants |= {o for n in graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") for o in n.output}
+    constants = {i.name for i in graph.initializer} | _constant_outputs(graph)
     positions = []
     for k, node in enumerate(graph.node):
         if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or len(node.input) != 1:
@@ -142,15 +158,7 @@ def fused_transposes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
                 or node.input[0] in constants):
             continue
         positions.append(k)
-    if not positions:
-        return model, 0
-    rewritten = onnx.ModelProto()
-    rewritten.CopyFrom(model)
-    for k in positions:
-        rewritten.graph.node[k].domain = FUSED_DOMAIN
-    if not any(o.domain == FUSED_DOMAIN for o in rewritten.opset_import):
-        rewritten.opset_import.append(onnx.helper.make_opsetid(FUSED_DOMAIN, 1))
-    return rewritten, len(positions)
+    return _to_fused_domain(model, positions)
 
 
 # The fused Elementwise's instructions (fused_ops.cc's ElementwiseOp), by ONNX op.
@@ -171,16 +179,6 @@ def _shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, tuple | None]]:
     for init in graph.initializer:
         shapes[init.name] = (init.data_type, tuple(init.dims))
     return shapes
-
-
-def _subgraph_inputs(graph: onnx.GraphProto) -> set[str]:
-    """Names the subgraphs of ``graph``'s nodes (If and Loop bodies) read, their outer scope's among them."""
-    names: set[str] = set()
-    for node in graph.node:
-        for attribute in node.attribute:
-            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
-                names |= {i for n in sub.node for i in n.input} | _subgraph_inputs(sub)
-    return names
 
 
 def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
@@ -260,7 +258,7 @@ def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     fused = [r for r in regions if len(r["members"]) > 1]
     if not fused:
         return model, 0
-    external = {o.name for o in graph.output} | _subgraph_inputs(graph)
+    external = {o.name for o in graph.output} | {i for node in graph.node for i in subgraph_reads(node)}
     readers: dict[str, set[int]] = {}  # per value, the nodes that read it
     for k, node in enumerate(graph.node):
         for i in node.input:
@@ -302,8 +300,7 @@ def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     rewritten.CopyFrom(model)
     del rewritten.graph.node[:]
     rewritten.graph.node.extend(replacement.get(k, node) for k, node in enumerate(graph.node) if k not in dropped)
-    if not any(o.domain == FUSED_DOMAIN for o in rewritten.opset_import):
-        rewritten.opset_import.append(onnx.helper.make_opsetid(FUSED_DOMAIN, 1))
+    _with_fused_opset(rewritten)
     return rewritten, replaced
 
 
