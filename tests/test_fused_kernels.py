@@ -1166,3 +1166,144 @@ def test_attention_with_masked_rows_runs_the_fused_safe_softmax():
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
     assert (results[1][0][:, :, 1] == 0).all()
+
+
+def _scatter_scale_model(data_shape, axis, index_shape, factor_shape, elem_type, factor_first, fused_node):
+    """Mul(ScatterElements(zeros, indices, updates), factor), as the two standard nodes or as the fused one."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    dtype = np.float32 if elem_type == TensorProto.FLOAT else np.float64
+    zeros = numpy_helper.from_array(np.zeros(data_shape, dtype), "zeros")
+    inputs = [helper.make_tensor_value_info("indices", TensorProto.INT64, index_shape),
+              helper.make_tensor_value_info("updates", elem_type, index_shape),
+              helper.make_tensor_value_info("factor", elem_type, factor_shape)]
+    if fused_node:
+        nodes = [helper.make_node("ScatterScale", ["zeros", "indices", "updates", "factor"], ["y"], domain=FUSED_DOMAIN,
+                                  axis=axis, factor_first=int(factor_first))]
+    else:
+        nodes = [helper.make_node("ScatterElements", ["zeros", "indices", "updates"], ["s"], axis=axis),
+                 helper.make_node("Mul", ["factor", "s"] if factor_first else ["s", "factor"], ["y"])]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", elem_type, data_shape)], [zeros])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(FUSED_DOMAIN, 1)],
+                             ir_version=9)
+
+
+SCATTER_SCALES = [
+    ([256, 1024], 1, [256, 1], [256, 1], False),  # nll_loss_backward's: one target a row, a weight a row
+    ([256, 1024], 1, [256, 1], [], True),  # a scalar factor, first
+    ([6, 5, 7], 2, [6, 5, 2], [6, 1, 1], False),  # two values a row, a factor per batch
+    ([6, 5, 7], 1, [4, 3, 7], [5, 7], True),  # a middle axis, indices smaller than the data, a factor per element
+    ([9, 4], 0, [3, 4], [1, 4], False),  # the first axis
+    ([300, 130], 1, [300, 1], [300, 130], False),  # a factor of the data's shape: rows shared among threads
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("data_shape,axis,index_shape,factor_shape,factor_first", SCATTER_SCALES, ids=str)
+def test_the_fused_scatter_scale_gives_onnx_runtimes_bits(data_shape, axis, index_shape, factor_shape, factor_first,
+                                                           threads):
+    """ScatterScale gives ScatterElements then Mul's bits: float32 and float64, negative indices, factors with
+    NaN (a payload), infinities, signed zeros (0 times them is NaN, -0.0, +0.0 as in the Mul), scattered NaN and
+    -0.0, on one thread and two. Duplicate indices are left out: ONNX leaves their result undefined."""
+    import numpy as np
+    from onnx import TensorProto
+
+    rng = np.random.default_rng(0)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for elem_type, dtype in ((TensorProto.FLOAT, np.float32), (TensorProto.DOUBLE, np.float64)):
+            size = data_shape[axis]
+            full = list(index_shape)
+            full[axis] = size
+            indices = np.take(np.argsort(rng.random(full), axis=axis), range(index_shape[axis]), axis=axis)
+            indices -= size * (rng.random(index_shape) < 0.5)  # negative ones count from the end
+            updates = rng.standard_normal(index_shape).astype(dtype)
+            factor = rng.standard_normal(factor_shape).astype(dtype)
+            flat_u, flat_f = updates.reshape(-1), factor.reshape(-1)
+            # A scattered NaN where the factor is not NaN (the last update, away from the factor's special values
+            # first): where both operands are NaN, which one a product returns is the compiler's choice.
+            flat_u[[0, -1]] = [-0.0, np.nan]
+            specials = [np.nan, np.inf, -np.inf, -0.0, 0.0, -1.0] if flat_f.size > 1 else [-0.0]
+            flat_f[:len(specials)] = specials[:flat_f.size]
+            if dtype == np.float32 and flat_f.size > 1:
+                flat_f.view(np.uint32)[0] |= 0x1234  # a NaN payload
+            feeds = {"indices": indices, "updates": updates, "factor": factor}
+            got = _cpu_session(_scatter_scale_model(data_shape, axis, index_shape, factor_shape, elem_type,
+                                                    factor_first, True)).run(None, feeds)[0]
+            want = _cpu_session(_scatter_scale_model(data_shape, axis, index_shape, factor_shape, elem_type,
+                                                     factor_first, False)).run(None, feeds)[0]
+            assert got.dtype == want.dtype and got.shape == want.shape == tuple(data_shape)
+            assert got.tobytes() == want.tobytes(), (elem_type, data_shape, axis)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_the_fused_scatter_scale_refuses_an_index_out_of_range_and_data_that_is_not_zero():
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    model = _scatter_scale_model([4, 5], 1, [4, 1], [4, 1], TensorProto.FLOAT, False, True)
+    feeds = {"indices": np.full((4, 1), 5), "updates": np.ones((4, 1), np.float32),
+             "factor": np.ones((4, 1), np.float32)}
+    with pytest.raises(Exception, match="index out of range"):
+        _cpu_session(model).run(None, feeds)
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.full((4, 5), -0.0, np.float32), "zeros"))
+    feeds["indices"] = np.zeros((4, 1), np.int64)
+    with pytest.raises(Exception, match=r"not \+0.0 throughout"):
+        _cpu_session(model).run(None, feeds)
+
+
+def test_scatters_into_zeros_times_a_factor_are_fused_where_nothing_else_reads_them():
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from aot2onnx.runtime.rewrites import fused_scatter_scales
+
+    model = _scatter_scale_model([8, 16], 1, [8, 1], [8, 1], TensorProto.FLOAT, True, False)
+    rewritten, count = fused_scatter_scales(model)
+    assert count == 1 and [(n.op_type, n.domain) for n in rewritten.graph.node] == [("ScatterScale", FUSED_DOMAIN)]
+    fused_node = rewritten.graph.node[0]
+    assert list(fused_node.input) == ["zeros", "indices", "updates", "factor"] and list(fused_node.output) == ["y"]
+    assert {a.name: a.i for a in fused_node.attribute} == {"axis": 1, "factor_first": 1}
+    # Left alone: the scatter read by another node too, returned, or its data not +0.0 throughout.
+    shared = _scatter_scale_model([8, 16], 1, [8, 1], [8, 1], TensorProto.FLOAT, False, False)
+    shared.graph.node.append(helper.make_node("Neg", ["s"], ["z"]))
+    shared.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [8, 16]))
+    returned = _scatter_scale_model([8, 16], 1, [8, 1], [8, 1], TensorProto.FLOAT, False, False)
+    returned.graph.output.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, [8, 16]))
+    negative_zeros = _scatter_scale_model([8, 16], 1, [8, 1], [8, 1], TensorProto.FLOAT, False, False)
+    negative_zeros.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.full((8, 16), -0.0, np.float32), "zeros"))
+    for model in (shared, returned, negative_zeros):
+        assert fused_scatter_scales(model) == (model, 0)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_cross_entropy_loss_trains_with_its_gradient_fused_as_without(reduction):
+    """A classifier's cross-entropy (ignored targets, class weights): the loss and gradients are the same bits with
+    the nll gradient's scatter and Mul fused and without, within tolerance of eager's."""
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(16, 40)
+            self.register_buffer("weight", torch.rand(40) + 0.5)
+
+        def forward(self, x):
+            logits = self.head(x[..., :16]).reshape(-1, 40)
+            target = x[..., 16].reshape(-1).long()
+            return F.cross_entropy(logits, target, weight=self.weight, ignore_index=3, reduction=reduction)
+
+    def make():
+        x = torch.randn(4, 24, 17)
+        x[..., 16] = torch.randint(0, 40, (4, 24)).float()
+        x[0, :5, 16] = 3  # ignored
+        return Classifier(), x
+
+    _trains_as_without_the_rewrite("fused_scatter_scales", make, at_least=0, loss_atol=1e-5)
+    torch._dynamo.reset()
+    aot2onnx.reset_compiled_graphs()
+    model, x = make()
+    torch.compile(model, backend="aot2onnx", options={"cache": False, "fallback": False})(x).backward()
+    assert [g.fused_scatter_scales for g in compiled_graphs()] == [0, 1]  # the backward graph's

@@ -21,7 +21,7 @@ from aot2onnx.runtime.inplace import subgraph_reads
 from aot2onnx.signature import FUSED_DOMAIN
 
 __all__ = [
-    "disabled_optimizers", "fused_elementwise", "fused_selects", "fused_transposes", "model_nodes", "serial_nodes",
+    "disabled_optimizers", "fused_elementwise", "fused_scatter_scales", "fused_selects", "fused_transposes", "model_nodes", "serial_nodes",
     "split_channel_reductions", "standard_products",
 ]
 
@@ -159,6 +159,77 @@ def fused_transposes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             continue
         positions.append(k)
     return _to_fused_domain(model, positions)
+
+
+def fused_scatter_scales(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``model`` with ``Mul(ScatterElements(zeros, indices, updates), factor)`` run as aot2onnx's fused
+    ``ScatterScale`` (``runtime/fused_ops.cc``: each element computed as the Mul computes it, in one pass), and
+    how many pairs. It is a negative log-likelihood loss's gradient (nll_loss_backward's decomposition: zeros of
+    the logits' shape, -1 scattered in at each target, times the weight per row), a pass over a [tokens,
+    vocabulary] tensor where ONNX Runtime made three: 88 us against 9 at [256, 1024], 76 ms against 8.5 at
+    [2048, 50257].
+
+    Only where the scatter's data is a float32 or float64 initializer or Constant of +0.0 throughout, without a
+    reduction, read by that Mul alone (not a graph output), whose other operand has a known shape that broadcasts
+    to the data's (the Mul's result in the data's shape); in the main graph."""
+    graph = model.graph
+    shapes = _shapes(graph)
+    constants = _constant_tensors(graph.initializer, graph.node)
+    zeros = {name: tuple(tensor.dims) for name, tensor in constants.items()
+             if tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) and _all_zero_bytes(tensor)}
+    readers: dict[str, list[int]] = {}
+    for k, node in enumerate(graph.node):
+        for name in node.input:
+            readers.setdefault(name, []).append(k)
+    for node in graph.node:
+        for name in subgraph_reads(node):
+            readers.setdefault(name, []).extend([-1, -1])  # read inside an If or Loop body: left alone
+    returned = {o.name for o in graph.output}
+    pairs: dict[int, tuple[int, onnx.NodeProto]] = {}  # the Mul's position -> the scatter's, and the fused node
+    for k, node in enumerate(graph.node):
+        if node.op_type != "ScatterElements" or node.domain not in ("", "ai.onnx") or len(node.input) != 3:
+            continue
+        attributes = {a.name: a for a in node.attribute}
+        if "reduction" in attributes and attributes["reduction"].s not in (b"", b"none"):
+            continue
+        data, scattered = node.input[0], node.output[0]
+        users = readers.get(scattered, [])
+        if data not in zeros or scattered in returned or len(users) != 1:
+            continue
+        mul = graph.node[users[0]]
+        if mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or list(mul.input).count(scattered) != 1:
+            continue
+        factor = mul.input[1] if mul.input[0] == scattered else mul.input[0]
+        data_shape = zeros[data]
+        factor_shape = tuple(constants[factor].dims) if factor in constants else shapes.get(factor, (None, None))[1]
+        if data_shape is None or factor_shape is None or len(factor_shape) > len(data_shape) or not all(
+                f in (1, d) for f, d in zip(reversed(factor_shape), reversed(data_shape))):
+            continue
+        axis = attributes["axis"].i if "axis" in attributes else 0
+        fused = onnx.helper.make_node(
+            "ScatterScale", [data, node.input[1], node.input[2], factor], [mul.output[0]],
+            name=(mul.name or mul.output[0]) + "_scatter_scale", domain=FUSED_DOMAIN, axis=axis,
+            factor_first=int(mul.input[0] == factor))
+        pairs[users[0]] = (k, fused)
+    if not pairs:
+        return model, 0
+    dropped = {k for k, _ in pairs.values()}
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    del rewritten.graph.node[:]
+    for k, node in enumerate(graph.node):
+        if k in pairs:
+            rewritten.graph.node.append(pairs[k][1])
+        elif k not in dropped:
+            rewritten.graph.node.append(node)
+    _with_fused_opset(rewritten)
+    return rewritten, len(pairs)
+
+
+def _all_zero_bytes(tensor: onnx.TensorProto) -> bool:
+    """Whether every element of ``tensor`` is +0.0 (all its bytes zero)."""
+    values = onnx.numpy_helper.to_array(tensor)
+    return not np.ascontiguousarray(values).view(np.uint8).any()
 
 
 # The fused Elementwise's instructions (fused_ops.cc's ElementwiseOp), by ONNX op.

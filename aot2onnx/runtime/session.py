@@ -33,6 +33,7 @@ from aot2onnx.runtime.precision import compute_in_float
 from aot2onnx.runtime.rewrites import (
     disabled_optimizers,
     fused_elementwise,
+    fused_scatter_scales,
     fused_selects,
     fused_transposes,
     model_nodes,
@@ -479,6 +480,7 @@ class OrtGraph:
         self.fused_selects = 0  # Where nodes run by the fused kernels' Where (rewrites.fused_selects)
         self.fused_transposes = 0  # Transpose nodes run by the fused kernels' (rewrites.fused_transposes)
         self.fused_elementwise = 0  # arithmetic nodes run in the fused kernels' chains (rewrites.fused_elementwise)
+        self.fused_scatter_scales = 0  # ScatterElements-Mul pairs run as one node (rewrites.fused_scatter_scales)
         self.split_reductions = 0  # per-channel sums taken in two steps on CUDA (rewrites.split_channel_reductions)
         self.serial: list[str] = []  # nodes that make the session run on one thread (serial_nodes)
         self._own_threads: int | None = None  # the session's intra-op threads where not torch's (_own_threads)
@@ -520,6 +522,7 @@ class OrtGraph:
                     if options.fused_kernels and fused.library() is not None:
                         model, self.fused_selects = fused_selects(model)
                         model, self.fused_transposes = fused_transposes(model)
+                        model, self.fused_scatter_scales = fused_scatter_scales(model)
                         model, self.fused_elementwise = fused_elementwise(model)
                 if providers == ["CPUExecutionProvider"]:
                     # CUDA's provider runs kernels on a stream, in the same order; kept to copies until tested.
