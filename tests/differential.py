@@ -147,6 +147,9 @@ _budget(Tol(inp_n=1, out=1), "convolution", "convolution_backward")
 _budget(Tol(inp_n=1, out=1), "avg_pool2d", "avg_pool2d_backward", "_adaptive_avg_pool2d",
         "_adaptive_avg_pool2d_backward")
 _budget(Tol(inp_n=1), "index_add", "scatter_add")  # n = how many sources one element can receive
+# the weighted sum of n rows' picked values, the sum of their weights, a division; the gradient: -w / total
+_budget(Tol(inp_n=1, out=2), "nll_loss_forward")
+_budget(Tol(out=2), "nll_loss_backward")
 # (x - mean) / sqrt(var + eps) * w + b: the statistics' terms, then a few roundings. Their backward ops are
 # decomposed into noisy primitives (_DECOMPOSED).
 # Any FFT of n terms: within eps * log2(n) * ||x||_2 (scaled as the output), at most eps * n * max|output|.
@@ -677,6 +680,29 @@ def _gen_norm(g: _Gen) -> bool:
     return g.try_add(op, f"F.group_norm({{0}}, {groups}, {w}, {b}, eps={_fmt(eps)})", [a, *extra])
 
 
+def _gen_loss(g: _Gen) -> bool:
+    """A classification loss of a tensor seen as [N, C] (its last dim the classes): cross_entropy (log_softmax and
+    nll_loss) or nll_loss itself, targets drawn among the classes with some ignored, class weights cut from another
+    value or none, each reduction (programs of ``generate(losses=True)``)."""
+    rng = g.rng
+    a = g.pick()
+    shape = g.shape(a)
+    classes = shape[-1]
+    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    if classes < 2:
+        return False
+    targets = [rng.randrange(classes) for _ in range(rows)]
+    ignore = rng.randrange(classes) if rng.random() < 0.4 else -100
+    op = rng.choice(["cross_entropy", "nll_loss"])
+    reduction = rng.choice(["mean", "sum", "none"])
+    weights = [n for n in g.pool if g.env[n].numel() >= classes]
+    extra, weight = [], "None"
+    if weights and rng.random() < 0.5:
+        extra, weight = [rng.choice(weights)], f"{{1}}.reshape(-1)[:{classes}].detach()"  # weights take no gradient
+    return g.try_add(op, f"F.{op}({{0}}.reshape(-1, {classes}), {_literal(targets)}, weight={weight}, "
+                         f"ignore_index={ignore}, reduction={reduction!r})", [a, *extra])
+
+
 _NORMS = ("backward", "forward", "ortho")
 # An FFT's rounding error is of the size of the whole signal, and the order of its sums is not eager's: a signal
 # with an infinity, a NaN or a value near overflow would give NaN or inf in another pattern. Complex
@@ -764,19 +790,21 @@ def _input_shapes(g: _Gen) -> list[tuple[int, ...]]:
 # A family list of its own, so that adding it changes no other seed's program.
 _SPECTRAL_FAMILIES = (*_FAMILIES, (_gen_spectral, 6.0))
 _CONV_FAMILIES = (*_FAMILIES, (_gen_conv, 14.0))
+_LOSS_FAMILIES = (*_FAMILIES, (_gen_loss, 10.0))
 
 
-def generate(seed: int, *, spectral: bool = False, convolutions: bool = False) -> Program:
+def generate(seed: int, *, spectral: bool = False, convolutions: bool = False, losses: bool = False) -> Program:
     """The program of ``seed``: the same program, inputs and constants for the same seed. ``spectral``: with
     statements through complex values (FFTs, complex products), each real in and out; ``convolutions``: with
-    2-D convolutions."""
+    2-D convolutions; ``losses``: with classification losses (cross_entropy, nll_loss)."""
     g = _Gen(seed)
     inputs = [g.input_tensor(s) for s in _input_shapes(g)]
     for i, x in enumerate(inputs):
         g.env[f"x{i}"] = x
         g.pool.append(f"x{i}")
     length = g.rng.randint(3, 10)
-    families, weights = zip(*(_SPECTRAL_FAMILIES if spectral else _CONV_FAMILIES if convolutions else _FAMILIES))
+    families, weights = zip(*(_SPECTRAL_FAMILIES if spectral else _CONV_FAMILIES if convolutions
+                              else _LOSS_FAMILIES if losses else _FAMILIES))
     attempts = 0
     while len(g.stmts) < length and attempts < 200:
         attempts += 1
@@ -855,6 +883,8 @@ def _terms(name: str, args: Sequence[Any], out: Any) -> int:
         return max(1, math.prod(sizes))
     if name == "index_add":
         return int(torch.bincount(args[2]).max()) if args[2].numel() else 1
+    if name == "nll_loss_forward":  # the rows summed
+        return max(1, first.shape[0]) if first.dim() == 2 else 1
     if name == "scatter_add":
         return args[2].shape[args[1]] if args[2].dim() else 1
     return 1

@@ -32,6 +32,7 @@ DEFAULT_SEEDS = range(200)
 SLOW_SEEDS = range(10_000, 13_000)
 COMPLEX_SEEDS = range(20_000, 20_064)  # programs with statements through complex values (diff.generate(spectral=True))
 CONV_SEEDS = range(30_000, 30_064)  # programs with 2-D convolutions (diff.generate(convolutions=True))
+LOSS_SEEDS = range(40_000, 40_064)  # programs with classification losses (diff.generate(losses=True))
 CHUNK = 32  # programs generated and run together (batched by dtype in differential.run_programs)
 SHRINK_BUDGET = int(os.environ.get("AOT2ONNX_DIFF_SHRINK", "40"))  # trials to minimise a new failure; 0: none
 
@@ -205,12 +206,13 @@ _STATS = _Stats()
 def _outcome(seed: int) -> tuple[diff.Program, diff.Outcome]:
     if seed not in _STATS.outcomes:
         start = seed - seed % CHUNK
-        span = next((r for r in (DEFAULT_SEEDS, SLOW_SEEDS, COMPLEX_SEEDS, CONV_SEEDS) if seed in r),
+        span = next((r for r in (DEFAULT_SEEDS, SLOW_SEEDS, COMPLEX_SEEDS, CONV_SEEDS, LOSS_SEEDS) if seed in r),
                     range(seed, seed + 1))
         # the whole chunk, whichever of its seeds comes first: a program's batch-mates are always the same
         seeds = [s for s in range(start, start + CHUNK) if s in span and s not in _STATS.outcomes]
         began = time.perf_counter()
-        programs = [diff.generate(s, spectral=s in COMPLEX_SEEDS, convolutions=s in CONV_SEEDS) for s in seeds]
+        programs = [diff.generate(s, spectral=s in COMPLEX_SEEDS, convolutions=s in CONV_SEEDS,
+                                  losses=s in LOSS_SEEDS) for s in seeds]
         _STATS.programs.update((p.seed, p) for p in programs)
         _STATS.outcomes.update(diff.run_programs(programs))
         _STATS.seconds += time.perf_counter() - began
@@ -257,6 +259,11 @@ def test_differential_complex(seed: int, request: pytest.FixtureRequest) -> None
 
 @pytest.mark.parametrize("seed", _params(CONV_SEEDS, {}))
 def test_differential_conv(seed: int, request: pytest.FixtureRequest) -> None:
+    _check(seed, request)
+
+
+@pytest.mark.parametrize("seed", _params(LOSS_SEEDS, {}))
+def test_differential_losses(seed: int, request: pytest.FixtureRequest) -> None:
     _check(seed, request)
 
 
