@@ -325,7 +325,7 @@ def test_device_suite_models_build_and_train_in_eager():
         assert grads and all(g is not None and torch.isfinite(g).all() for g in grads), name
         assert any(g.abs().sum() > 0 for g in grads), name
     assert {n for n, s in models.MODELS.items() if s.transformer} == {
-        "encoder", "encoder-dropout", "gpt", "encoder-s", "gpt2-s", "bert-s"}
+        "encoder", "encoder-dropout", "gpt", "encoder-s", "gpt2-s", "bert-s", "gpt2"}
 
 
 def test_the_zoo_trains_the_benchmarks_mobilenet_and_bert_config():

@@ -162,7 +162,7 @@ class ModelSpec:
     name: str
     title: str
     build: Callable[[torch.Generator], Batch]
-    suite: str | None  # one of SUITES; None: for tests only
+    suite: str | None  # one of SUITES; None: in no suite (tests; --models names it)
     transformer: bool = False  # the targets against inductor on transformer models count it
 
 
@@ -218,6 +218,16 @@ def _build_gpt2_s(g: torch.Generator) -> Batch:
     return model, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), _lm_loss
 
 
+def _build_gpt2(g: torch.Generator) -> Batch:
+    import transformers
+
+    # GPT-2 small's own configuration (124M parameters, vocabulary 50257), randomly initialised: nothing to fetch.
+    config = transformers.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = _Logits(transformers.GPT2LMHeadModel(config), use_cache=False)
+    tokens = torch.randint(0, config.vocab_size, (2, 129), generator=g)
+    return model, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), _lm_loss
+
+
 def _build_mobilenet_s(g: torch.Generator) -> Batch:
     return (TinyMobileNet(), torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g),
             F.cross_entropy)
@@ -255,6 +265,9 @@ _SPECS = (
     ModelSpec("bert-s", "Hugging Face BertForSequenceClassification, the zoo's bert_seq_cls config: 2 layers, "
               "d=32, 4 heads, sdpa attention, 3 labels; input_ids only, batch 16 x 32 tokens, vocabulary 96, "
               "cross-entropy", _build_bert_s, "device", transformer=True),
+    ModelSpec("gpt2", "Hugging Face GPT2LMHeadModel, GPT-2 small's configuration (124M parameters, vocabulary "
+              "50257), dropout 0, batch 2 x 128 tokens, cross-entropy (in no suite: --models gpt2)", _build_gpt2, None,
+              transformer=True),
     ModelSpec("tiny", "tiny MLP: 2 x Linear(64, 64), batch 8, MSE (for tests)", _build_tiny, None),
 )
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}
