@@ -1414,9 +1414,9 @@ struct Sum : FusedOp<Sum, SumKernel> {
 // value scattered in at each row's target, times the loss's weight per row. ONNX Runtime copies the zeros into the
 // scatter's output, then reads and writes that again in the Mul: passes over a [tokens, vocabulary] tensor (its
 // two nodes took 64 us at [256, 1024] and 60 ms at [2048, 50257], this node 33 us and 15 ms; one session each,
-// one thread). Here one pass: each element is what the Mul computes of it (0 times the factor, or the scattered value times
-// the factor, in the node's operand order), so the values are the two nodes' bit for bit, signed zeros and NaN
-// included. Input 0 is the scatter's data, which rewrites.fused_scatter_scales passes only where it is a
+// one thread). Here one pass: each element is what the Mul computes of it (0 times the factor, or the scattered
+// value times the factor, in the node's operand order), so the values are the two nodes' bit for bit, signed
+// zeros and NaN included. Input 0 is the scatter's data, which rewrites.fused_scatter_scales passes only where it is a
 // constant of +0.0: the kernel reads its shape, and checks once per buffer that it holds zeros.
 
 struct ScatterScaleKernel {

@@ -177,15 +177,9 @@ def fused_scatter_scales(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     constants = _constant_tensors(graph.initializer, graph.node)
     zeros = {name: tuple(tensor.dims) for name, tensor in constants.items()
              if tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) and _all_zero_bytes(tensor)}
-    readers: dict[str, list[int]] = {}
-    for k, node in enumerate(graph.node):
-        for name in node.input:
-            readers.setdefault(name, []).append(k)
-    for node in graph.node:
-        for name in subgraph_reads(node):
-            readers.setdefault(name, []).extend([-1, -1])  # read inside an If or Loop body: left alone
-    returned = {o.name for o in graph.output}
-    pairs: dict[int, tuple[int, onnx.NodeProto]] = {}  # the Mul's position -> the scatter's, and the fused node
+    readers, external = _readers(graph)
+    replacement: dict[int, onnx.NodeProto] = {}  # at the Mul's position, the fused node
+    dropped: set[int] = set()  # the scatters' positions
     for k, node in enumerate(graph.node):
         if node.op_type != "ScatterElements" or node.domain not in ("", "ai.onnx") or len(node.input) != 3:
             continue
@@ -193,16 +187,17 @@ def fused_scatter_scales(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         if "reduction" in attributes and attributes["reduction"].s not in (b"", b"none"):
             continue
         data, scattered = node.input[0], node.output[0]
-        users = readers.get(scattered, [])
-        if data not in zeros or scattered in returned or len(users) != 1:
+        users = readers.get(scattered, set())
+        if data not in zeros or scattered in external or len(users) != 1:
             continue
-        mul = graph.node[users[0]]
+        (at,) = users
+        mul = graph.node[at]
         if mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or list(mul.input).count(scattered) != 1:
             continue
         factor = mul.input[1] if mul.input[0] == scattered else mul.input[0]
         data_shape = zeros[data]
         factor_shape = tuple(constants[factor].dims) if factor in constants else shapes.get(factor, (None, None))[1]
-        if data_shape is None or factor_shape is None or len(factor_shape) > len(data_shape) or not all(
+        if factor_shape is None or len(factor_shape) > len(data_shape) or not all(
                 f in (1, d) for f, d in zip(reversed(factor_shape), reversed(data_shape))):
             continue
         axis = attributes["axis"].i if "axis" in attributes else 0
@@ -210,20 +205,34 @@ def fused_scatter_scales(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             "ScatterScale", [data, node.input[1], node.input[2], factor], [mul.output[0]],
             name=(mul.name or mul.output[0]) + "_scatter_scale", domain=FUSED_DOMAIN, axis=axis,
             factor_first=int(mul.input[0] == factor))
-        pairs[users[0]] = (k, fused)
-    if not pairs:
+        replacement[at] = fused
+        dropped.add(k)
+    if not replacement:
         return model, 0
-    dropped = {k for k, _ in pairs.values()}
+    return _with_nodes_replaced(model, replacement, dropped), len(replacement)
+
+
+def _readers(graph: onnx.GraphProto) -> tuple[dict[str, set[int]], set[str]]:
+    """Per value of ``graph``, the positions of the nodes that read it; and the values read other than by its
+    nodes' inputs (the graph's outputs, and what If and Loop bodies read), which a rewrite must keep."""
+    readers: dict[str, set[int]] = {}
+    for k, node in enumerate(graph.node):
+        for name in node.input:
+            readers.setdefault(name, set()).add(k)
+    external = {o.name for o in graph.output} | {name for node in graph.node for name in subgraph_reads(node)}
+    return readers, external
+
+
+def _with_nodes_replaced(model: onnx.ModelProto, replacement: dict[int, onnx.NodeProto],
+                         dropped: set[int]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph has the node ``replacement[k]`` at each position k, without the nodes at
+    ``dropped``, importing the fused kernels' domain."""
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
     del rewritten.graph.node[:]
-    for k, node in enumerate(graph.node):
-        if k in pairs:
-            rewritten.graph.node.append(pairs[k][1])
-        elif k not in dropped:
-            rewritten.graph.node.append(node)
+    rewritten.graph.node.extend(replacement.get(k, node) for k, node in enumerate(model.graph.node) if k not in dropped)
     _with_fused_opset(rewritten)
-    return rewritten, len(pairs)
+    return rewritten
 
 
 def _all_zero_bytes(tensor: onnx.TensorProto) -> bool:
@@ -329,11 +338,7 @@ def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     fused = [r for r in regions if len(r["members"]) > 1]
     if not fused:
         return model, 0
-    external = {o.name for o in graph.output} | {i for node in graph.node for i in subgraph_reads(node)}
-    readers: dict[str, set[int]] = {}  # per value, the nodes that read it
-    for k, node in enumerate(graph.node):
-        for i in node.input:
-            readers.setdefault(i, set()).add(k)
+    readers, external = _readers(graph)
     replacement: dict[int, onnx.NodeProto] = {}
     dropped: set[int] = set()
     replaced = 0
@@ -367,12 +372,7 @@ def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         dropped |= set(members[1:])
     if not replaced:
         return model, 0
-    rewritten = onnx.ModelProto()
-    rewritten.CopyFrom(model)
-    del rewritten.graph.node[:]
-    rewritten.graph.node.extend(replacement.get(k, node) for k, node in enumerate(graph.node) if k not in dropped)
-    _with_fused_opset(rewritten)
-    return rewritten, replaced
+    return _with_nodes_replaced(model, replacement, dropped), replaced
 
 
 _PRODUCT_DTYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
