@@ -20,7 +20,7 @@ PYTEST := -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: demo demo-web test test-slow test-browser lint bench clean check-latest check-torch lock
 
-$(STAMP): pyproject.toml Makefile requirements.lock aot2onnx/runtime/fused_ops.cc
+$(STAMP): pyproject.toml Makefile requirements.lock aot2onnx/runtime/fused_ops.cc aot2onnx/runtime/native_run.cc
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q pip==$(PIP_VERSION)
 	$(PY) -m pip install -q $(TORCH_PIN)

@@ -40,7 +40,8 @@ __all__ = ["build", "build_id", "library", "missing_reason", "note_missing_once"
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = pathlib.Path(__file__).with_name("fused_ops.cc")
+# The kernels, and the run of a CPU graph with no Python per tensor (native_run.cc, runtime/native_run.py).
+_SOURCES = (pathlib.Path(__file__).with_name("fused_ops.cc"), pathlib.Path(__file__).with_name("native_run.cc"))
 _OUT_DIR = pathlib.Path(__file__).with_name("_fused")
 _LIBRARY = _OUT_DIR / "libaot2onnx_fused.so"
 _STAMP = _OUT_DIR / "build.json"
@@ -65,7 +66,7 @@ _RECIPE = b"3: OpenMP where the compiler has it; no contracted multiply-add"
 
 
 def _source_digest() -> str:
-    return hashlib.sha256(_SOURCE.read_bytes() + _RECIPE).hexdigest()
+    return hashlib.sha256(b"".join(source.read_bytes() for source in _SOURCES) + _RECIPE).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -116,7 +117,7 @@ def _compile(headers: pathlib.Path) -> None:
         # -ffp-contract=off: a multiply and an add stay two roundings, as in the nodes the fused Elementwise replaces.
         compiler, "-std=c++20", "-O2", "-ffp-contract=off", "-fPIC", "-shared", "-fvisibility=hidden",
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
-        f"-I{headers}", f"-I{torch_dir / 'include'}", str(_SOURCE), "-o", str(staging),
+        f"-I{headers}", f"-I{torch_dir / 'include'}", *map(str, _SOURCES), "-o", str(staging),
         f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
     ]
     # OpenMP: the library's own loops split by ATen's parallel_for, an OpenMP region in ATen's headers (torch's

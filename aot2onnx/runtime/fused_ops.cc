@@ -1559,10 +1559,17 @@ struct ScatterScale : FusedOp<ScatterScale, ScatterScaleKernel> {
   static constexpr std::array<size_t, 1> kLike{0};
 };
 
+std::atomic<const OrtApiBase*> api_base_seen{nullptr};
+
 }  // namespace
+
+// The API base ONNX Runtime handed RegisterCustomOps (null before any session registered the library):
+// native_run.cc's sessions use the same onnxruntime.
+const OrtApiBase* aot2onnx_api_base() { return api_base_seen.load(); }
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   Ort::InitApi(api_base->GetApi(ORT_API_VERSION));
+  api_base_seen.store(api_base);
   static ThresholdBackward threshold;
   static GeluBackward gelu;
   static HardswishBackward hardswish;

@@ -21,7 +21,7 @@ from torch.utils.dlpack import from_dlpack as _from_capsule
 
 from aot2onnx.errors import RuntimeSessionError, source_line
 from aot2onnx.options import Options
-from aot2onnx.runtime import cuda, fused
+from aot2onnx.runtime import cuda, fused, native_run
 from aot2onnx.runtime._ort_compat import c_binding, c_device, c_run_with_iobinding, c_run_with_ortvaluevector
 from aot2onnx.runtime.dtypes import TORCH_TO_ONNX
 from aot2onnx.runtime.inplace import writable_in_place
@@ -381,7 +381,13 @@ class _Runner:
             so.profile_file_prefix = trial.options.profile_file_prefix
         session = ort.InferenceSession(candidate.model_bytes, sess_options=so, providers=["CPUExecutionProvider"],
                                        disabled_optimizers=trial.disabled_optimizers)
+        _made_of(session, candidate.model_bytes, so, trial.disabled_optimizers)
         return _Runner(session, c_binding(session), c_run_with_iobinding(session), {})
+
+
+def _made_of(session: ort.InferenceSession, model_bytes: bytes, so: ort.SessionOptions, disabled: list[str]) -> None:
+    """Notes on ``session`` what it was made of, for its native twin (:meth:`OrtGraph._native_twin`)."""
+    session._aot2onnx_made_of = (model_bytes, so, list(disabled))
 
 
 # The ops whose ONNX Runtime kernels do a graph's heavy work on its intra-op pool (the NCHWc domain's Conv and
@@ -503,6 +509,8 @@ class OrtGraph:
         self._one_call_shapes: list[torch.Size] | None = None
         self._one_call_session: Any = None  # the session whose run_with_ortvaluevector _one_call_run is
         self._one_call_run: Any = None
+        # That session's twin, run with no Python per tensor (runtime.native_run); False where it cannot be.
+        self._native: native_run.NativeSession | bool | None = None
         if self._onnx_outputs or self._mutations or self._checks:
             try:
                 if self._cuda:
@@ -604,6 +612,7 @@ class OrtGraph:
         try:
             session = ort.InferenceSession(model_bytes, sess_options=sess_options, providers=providers,
                                            disabled_optimizers=disabled)
+            _made_of(session, model_bytes, sess_options, disabled)
         except Exception as e:
             message = str(e).lower()
             if not self._cuda or self.cuda_graph_refusal is not None or not (
@@ -854,10 +863,16 @@ class OrtGraph:
         with self._lock:
             if self._one_call_session is not self._session:  # the first run, or the thread trial's other session
                 self._one_call_session, self._one_call_run = self._session, c_run_with_ortvaluevector(self._session)
+                self._native = None
             sess_run = self._one_call_run
             timed = _TimedRun(sess_run) if isinstance(ort_run, _TimedRun) else None
+            if self._native is None and timed is None:
+                self._native = self._native_twin()
             try:
-                results = one_call.run(sess_run if timed is None else timed, tensors, shapes)
+                if self._native and timed is None:
+                    results = self._native.run(tensors)
+                else:
+                    results = one_call.run(sess_run if timed is None else timed, tensors, shapes)
             except KeyError as e:
                 raise RuntimeSessionError(f"graph {self.name!r}: ONNX Runtime cannot take {e.args[0]} tensors") from e
             except Exception as e:
@@ -876,6 +891,33 @@ class OrtGraph:
             checked = results[returned + len(self._mutations):]
             del results[returned:]
         return self._finish(results, checked)
+
+    def _native_twin(self) -> native_run.NativeSession | bool:
+        """The session the graph runs on, opened again through the C API (runtime.native_run), or False where it
+        cannot be: the switch is off, the library is not available, or the session is not one of aot2onnx's
+        own making. Made at the session's first untimed call and kept with it: the thread trial's candidates
+        run and are timed on their Python sessions (their runs are the same), and the one the graph keeps gets
+        its twin at its first call after."""
+        session = self._session
+        twin = getattr(session, "_aot2onnx_twin", None)
+        if twin is not None:
+            return twin
+        twin = False
+        made_of = getattr(session, "_aot2onnx_made_of", None)
+        recipe = None if made_of is None else native_run.recipe(made_of[1], made_of[2])
+        if native_run.ENABLED and recipe is not None and self._one_call is not None and native_run.available():
+            try:
+                twin = native_run.NativeSession(made_of[0], recipe, self.fused_kernels, self._one_call.names,
+                                                self._one_call.output_names)
+            except Exception as e:  # an optimization: the Python session runs the graph as before
+                logger.debug("aot2onnx: graph %s runs without a native session: %s", self.name, e)
+        session._aot2onnx_twin = twin
+        return twin
+
+    @property
+    def native(self) -> bool:
+        """Whether the graph's runs go through its native session (runtime.native_run)."""
+        return bool(self._native)
 
     def _shape_views(self, results: list[torch.Tensor]) -> None:
         """Gives the outputs handed over as the value they view their own shapes (one_call.view_outputs)."""

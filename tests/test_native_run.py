@@ -1,0 +1,272 @@
+"""The native run (runtime/native_run.py, native_run.cc): a CPU graph's session opened again through ONNX
+Runtime's C API and run by one torch operator call. It must be the same session: the same optimized graph,
+the same bits as the Python session it twins, the options aot2onnx sets (disabled optimizers included)
+carried over; its outputs own their memory past the session; a graph that cannot have one keeps the Python
+run. Speed is not tested here: the benchmark reports it."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import pathlib
+import re
+import threading
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from onnx import helper
+
+import aot2onnx
+from aot2onnx.errors import RuntimeSessionError
+from aot2onnx.options import Options
+from aot2onnx.runtime import fused, native_run
+from aot2onnx.runtime.session import OrtGraph, session_options
+
+pytestmark = pytest.mark.skipif(fused.library() is None, reason=f"{fused.missing_reason()}")
+
+
+def _graphs() -> list[OrtGraph]:
+    return [g for g in aot2onnx.compiled_graphs() if g.session is not None]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _model(nodes, inputs, outputs, initializers=()) -> bytes:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+
+
+def test_every_session_config_entry_aot2onnx_sets_is_carried_over():
+    # A key set somewhere in the package but not in CONFIG_KEYS would make a twin that differs from its session.
+    package = pathlib.Path(aot2onnx.__file__).parent
+    keys = set()
+    for path in package.rglob("*.py"):
+        keys |= set(re.findall(r'add_session_config_entry\(\s*"([^"]+)"', path.read_text()))
+    assert keys and keys <= set(native_run.CONFIG_KEYS), keys - set(native_run.CONFIG_KEYS)
+
+
+def test_the_recipe_reads_the_sessions_options():
+    so = session_options(Options(), intra_op_threads=1, fused_kernels=True)
+    recipe = native_run.recipe(so, ["NoopElimination", "ExpandElimination"])
+    assert recipe["intra"] == 1 and recipe["mem_pattern"] is False
+    assert recipe["level"] == int(so.graph_optimization_level)
+    config = dict(zip(recipe["config"][::2], recipe["config"][1::2]))
+    assert config["session.intra_op.allow_spinning"] == so.get_session_config_entry("session.intra_op.allow_spinning")
+    assert config["session.use_env_allocators"] == "1"
+    assert config["optimization.disable_specified_optimizers"] == "NoopElimination,ExpandElimination"
+    so.enable_profiling = True
+    assert native_run.recipe(so, []) is None  # a profiled session's trace must hold every run
+
+
+def test_disabled_optimizers_reach_the_native_session():
+    # (-x + 0.0) * 3 at x = 0 is +0.0 in eager; ONNX Runtime's NoopElimination drops the Add (-0.0). The twin
+    # must disable it as the Python session does, and does so only where asked.
+    nodes = [helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Add", ["n", "zero"], ["s"]),
+             helper.make_node("Mul", ["s", "three"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                   [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+                   [onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                    onnx.numpy_helper.from_array(np.array(3.0, np.float32), "three")])
+    x = torch.tensor([0.0, 1.0])
+    so = session_options(Options())
+    python = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"], disabled_optimizers=["NoopElimination"])
+    expected = torch.from_numpy(python.run(None, {"x": x.numpy()})[0])
+    assert torch.equal(_bits(expected), _bits(torch.tensor([0.0, -3.0])))
+    kept = native_run.NativeSession(model, native_run.recipe(so, ["NoopElimination"]), False, ["x"], ["y"]).run([x])[0]
+    assert torch.equal(_bits(kept), _bits(expected))
+    dropped = native_run.NativeSession(model, native_run.recipe(so, []), False, ["x"], ["y"]).run([x])[0]
+    assert torch.equal(_bits(dropped), _bits(torch.tensor([-0.0, -3.0])))  # the test tells the two apart
+
+
+def test_the_twin_plans_the_same_optimized_graph(tmp_path):
+    # A transformer block's forward graph, fused kernels and all: ONNX Runtime's optimized model is the same
+    # node for node through either API.
+    aot2onnx.reset_compiled_graphs()
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    compiled = torch.compile(layer, backend="aot2onnx", options={"fallback": False})
+    compiled(torch.randn(2, 8, 32)).sum().backward()
+    for g in _graphs():
+        model_bytes, so, disabled = g.session._aot2onnx_made_of
+        python_path, native_path = tmp_path / f"{g.kind.value}_python.onnx", tmp_path / f"{g.kind.value}_native.onnx"
+        saving = session_options(Options(), intra_op_threads=so.intra_op_num_threads, fused_kernels=g.fused_kernels)
+        saving.optimized_model_filepath = str(python_path)
+        ort.InferenceSession(model_bytes, saving, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+        native_run.NativeSession(model_bytes, native_run.recipe(so, disabled), g.fused_kernels, g._one_call.names,
+                                 g._one_call.output_names, optimized_path=str(native_path))
+        python, native = onnx.load(python_path), onnx.load(native_path)
+        assert [(n.domain, n.op_type, list(n.input), list(n.output)) for n in python.graph.node] == [
+            (n.domain, n.op_type, list(n.input), list(n.output)) for n in native.graph.node]
+        assert any(n.domain == "aot2onnx.fused" for n in native.graph.node)
+
+
+def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int,
+           **options) -> tuple[list[torch.Tensor], dict[str, bool]]:
+    """The losses and gradients of ``steps`` SGD steps, and whether each graph ran natively."""
+    compiled = torch.compile(model, backend="aot2onnx", options={"fallback": False, **options})
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    seen = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.cross_entropy(compiled(x), y)
+        loss.backward()
+        seen += [loss.detach(), *(p.grad.clone() for p in model.parameters())]
+        opt.step()
+    return seen, {g.kind.value: g.native for g in _graphs()}
+
+
+def test_training_runs_natively_with_the_python_sessions_bits_and_eagers_numbers(monkeypatch):
+    # One thread (no thread trial): every call native, the same bits as with the switch off, eager's numbers.
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 5))
+    x, y = torch.randn(8, 16), torch.randint(0, 5, (8,))
+    runs = {}
+    for enabled in (True, False):
+        monkeypatch.setattr(native_run, "ENABLED", enabled)
+        torch.compiler.reset()  # else Dynamo's cache hands the second run the first one's graphs
+        aot2onnx.reset_compiled_graphs()
+        runs[enabled], native = _train(copy.deepcopy(base), x, y, 4, intra_op_num_threads=1)
+        assert native == {"forward": enabled, "backward": enabled}
+    assert len(runs[True]) == len(runs[False])
+    for a, b in zip(runs[True], runs[False]):
+        assert torch.equal(_bits(a), _bits(b))
+    eager = _train_eager(copy.deepcopy(base), x, y, 4)
+    for a, b in zip(runs[True], eager):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_the_session_a_thread_trial_keeps_runs_natively_with_its_bits():
+    # Default options: the first calls run natively, the trial's on the Python sessions (their timings compare
+    # like with like), then the kept session's twin; a step through it has the kept Python session's bits.
+    aot2onnx.reset_compiled_graphs()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 5))
+    x, y = torch.randn(8, 16), torch.randint(0, 5, (8,))
+    compiled = torch.compile(model, backend="aot2onnx", options={"fallback": False})
+    assert native_run.ENABLED
+    first = True
+    while first or any(g.trial_pending for g in _graphs()):
+        F.cross_entropy(compiled(x), y).backward()
+        if first:
+            assert all(g.native for g in _graphs())
+            first = False
+    graphs = _graphs()
+    assert all(g.thread_trial is not None for g in graphs)
+
+    def step() -> list[torch.Tensor]:
+        model.zero_grad()
+        loss = F.cross_entropy(compiled(x), y)
+        loss.backward()
+        return [loss.detach(), *(p.grad.clone() for p in model.parameters())]
+
+    step()  # the first call after the trial opens the kept session's twin
+    assert all(g.native for g in graphs)
+    native = step()
+    twins = {g: g._native for g in graphs}
+    for g in graphs:
+        g._native = False
+    python = step()
+    for g in graphs:
+        g._native = twins[g]
+    for a, b in zip(native, python):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def _train_eager(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    seen = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        seen += [loss.detach(), *(p.grad.clone() for p in model.parameters())]
+        opt.step()
+    return seen
+
+
+def test_outputs_outlive_the_native_session_and_keep_their_values():
+    nodes = [helper.make_node("Neg", ["x"], ["y"]), helper.make_node("Greater", ["x", "zero"], ["b"]),
+             helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Slice", ["x", "zero_i", "zero_i"], ["e"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [64, 64])],
+                   [helper.make_tensor_value_info(o, t, None) for o, t in
+                    (("y", onnx.TensorProto.FLOAT), ("b", onnx.TensorProto.BOOL), ("s", onnx.TensorProto.INT64),
+                     ("e", onnx.TensorProto.FLOAT))],
+                   [onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                    onnx.numpy_helper.from_array(np.array([0], np.int64), "zero_i")])
+    session = native_run.NativeSession(model, native_run.recipe(session_options(Options()), []), False, ["x"],
+                                       ["y", "b", "s", "e"])
+    x = torch.randn(64, 64)
+    y, b, s, e = session.run([x])
+    del session
+    gc.collect()
+    _ = [torch.randn(64, 64) * 2 for _ in range(50)]  # reuse freed memory, were the outputs' freed
+    assert torch.equal(y, -x) and torch.equal(b, x > 0) and b.dtype == torch.bool
+    assert s.dtype == torch.int64 and s.tolist() == [64, 64]
+    assert e.shape == (0, 64)
+    y.add_(1)  # writable, as torch's own tensors
+    assert torch.equal(y, 1 - x)
+
+
+def test_a_failing_run_raises_onnx_runtimes_error():
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n"]),
+                           helper.make_tensor_value_info("shape", onnx.TensorProto.INT64, [1])],
+                   [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    session = native_run.NativeSession(model, native_run.recipe(session_options(Options()), []), False,
+                                       ["x", "shape"], ["y"])
+    assert torch.equal(session.run([torch.arange(6.0), torch.tensor([6])])[0], torch.arange(6.0))
+    with pytest.raises(RuntimeError, match="Reshape"):
+        session.run([torch.arange(6.0), torch.tensor([5])])
+    with pytest.raises(RuntimeError, match="1 inputs for a session of 2"):
+        session.run([torch.arange(6.0)])
+    with pytest.raises(RuntimeError, match="contiguous"):
+        session.run([torch.arange(12.0)[::2], torch.tensor([6])])
+
+
+def test_a_compiled_graphs_failing_native_run_says_which_graph():
+    aot2onnx.reset_compiled_graphs()
+    compiled = torch.compile(lambda a: (a * 2).relu(), backend="aot2onnx", options={"fallback": False})
+    a = torch.randn(12)
+    assert torch.equal(compiled(a), (a * 2).relu())
+    [graph] = _graphs()
+    assert graph.native
+
+    class Failing:
+        def run(self, tensors):
+            raise RuntimeError("the C API said no")
+
+    graph._native = Failing()
+    with pytest.raises(RuntimeSessionError, match=f"failed running graph '{graph.name}': the C API said no"):
+        compiled(a)
+
+
+def test_runs_from_two_threads_at_once():
+    aot2onnx.reset_compiled_graphs()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    compiled = torch.compile(model, backend="aot2onnx", options={"fallback": False, "intra_op_num_threads": 1})
+    xs = [torch.randn(16, 32) for _ in range(4)]
+    with torch.no_grad():
+        expected = [compiled(x) for x in xs]
+    assert all(g.native for g in _graphs())
+    results: dict[int, list[torch.Tensor]] = {}
+
+    def work(k: int) -> None:
+        with torch.no_grad():
+            results[k] = [compiled(x) for x in xs for _ in range(20)]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(3):
+        for j, out in enumerate(results[k]):
+            assert torch.equal(out, expected[j // 20])
