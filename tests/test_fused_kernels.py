@@ -933,6 +933,66 @@ def test_fused_elementwise_regions_stay_in_order_and_keep_what_others_read():
         known |= set(node.output)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_elementwise_takes_tanhs_guard_with_onnx_runtimes_bits(threads):
+    """The float32 tanh lowering's guard, Where(GreaterOrEqual(Abs(x), 2^-12), Tanh(x), x), joins the chain after it
+    as one instruction and its Abs and GreaterOrEqual go: the same bits as the nodes at 2^-12 and its neighbours,
+    signed zeros, subnormals, infinities and NaN payloads (70000 elements: blocks on two threads). A guard whose
+    compare another node reads, or with another bound, stays as it is."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from aot2onnx.runtime.rewrites import fused_elementwise
+
+    def guard(x: str, out: str, bound: str = "small") -> list:
+        return [helper.make_node("Tanh", [x], [f"{out}_t"]), helper.make_node("Abs", [x], [f"{out}_a"]),
+                helper.make_node("GreaterOrEqual", [f"{out}_a", bound], [f"{out}_ge"]),
+                helper.make_node("Where", [f"{out}_ge", f"{out}_t", x], [out])]
+
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Mul", ["x", "c"], ["inner"]), *guard("inner", "g"),
+        helper.make_node("Add", ["g", "one"], ["g1"]), helper.make_node("Mul", ["g1", "x"], ["out"]),
+        *guard("x", "h"), helper.make_node("Add", ["h", "one"], ["h1"]),  # h_ge is also an output: stays
+        *guard("x", "k", "other"), helper.make_node("Add", ["k", "one"], ["k1"]),  # another bound: stays
+    ]
+    shape = [7, 10000]
+    model = _elementwise_model(
+        nodes, [helper.make_tensor_value_info("x", f, shape)],
+        [helper.make_tensor_value_info(n, TensorProto.BOOL if n == "h_ge" else f, None)
+         for n in ("out", "h1", "h_ge", "k1")],
+        [onnx.numpy_helper.from_array(np.array(v, np.float32), n)
+         for n, v in (("c", 0.75), ("one", 1.0), ("small", 2.0**-12), ("other", 2.0**-11))],
+        [helper.make_tensor_value_info(f"{g}_t", f, shape) for g in "ghk"])
+    rewritten, count = fused_elementwise(model)
+    ops = [n.op_type for n in rewritten.graph.node]
+    assert ops.count("Abs") == 2 and ops.count("GreaterOrEqual") == 2 and ops.count("Where") == 2, ops
+    first = next(n for n in rewritten.graph.node if n.op_type == "Elementwise" and "out" in n.output)
+    assert 5 in list(onnx.helper.get_attribute_value(first.attribute[0]))[::3]  # the KeepSmall instruction
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    edge = np.float32(2.0**-12) / np.float32(0.75)  # inner = x * 0.75 lands on the bound
+    special = np.array([2.0**-12, np.nextafter(np.float32(2.0**-12), np.float32(0)), np.nextafter(np.float32(2.0**-12), np.float32(1)),
+                        -(2.0**-12), edge, -edge, np.nextafter(edge, np.float32(0)), 0.0, -0.0, 1e-40, -1e-40, np.inf,
+                        -np.inf, 3.5e-4, -3e-4, 1e-5], np.float32)
+    flat = x.reshape(-1)
+    flat[: special.size] = special
+    flat[-special.size:] = special
+    flat.view(np.uint32)[100] = 0x7FC12345  # a quiet NaN with a payload
+    flat.view(np.uint32)[101] = 0xFFC00001
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = _ort_run(rewritten, {"x": x})
+    finally:
+        torch.set_num_threads(previous)
+    want = _ort_run(model, {"x": x}, False)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype and g.tobytes() == w.tobytes()
+
+
 def test_gpt2s_gelu_trains_with_fused_chains_as_without():
     """Hugging Face's GPT-2 GELU written out (gelu_new): forward and gradients bit for bit with the chains fused
     and without, within tolerance of eager's."""

@@ -774,7 +774,7 @@ struct Where : FusedOp<Where, WhereKernel> {
   }
 };
 
-// --- Elementwise: a chain of ONNX Add, Sub, Mul, Div and Neg of one float type and shape, in one pass --------
+// --- Elementwise: a chain of ONNX Add, Sub, Mul, Div and Neg (and tanh's guard) of one float type and shape, in one pass
 // Hugging Face's GPT-2 GELU ("gelu_new", written out) is 13 such nodes in the forward graph and 15 in the
 // backward, each a pass over memory in ONNX Runtime on one thread. The fused node runs them block by block, each
 // instruction the same IEEE operation on the same operands in the same order as the node it replaces (the
@@ -785,8 +785,12 @@ struct Where : FusedOp<Where, WhereKernel> {
 //
 // Attributes: program, 3 ints an instruction (opcode, operand a, operand b; b is -1 for Neg), operands counted
 // from the node's inputs on, then the instructions' results; results, the operand each output is.
+//
+// kKeepSmall is the float32 tanh lowering's guard, Where(GreaterOrEqual(Abs(a), 2^-12), b, a) with b = Tanh(a)
+// (lower/ops/pointwise.py): b where |a| >= 2^-12, else a itself, the select of one operand's bits as the Where's
+// (a NaN a is not >= and comes out as a, -0.0 as -0.0). Three passes over memory and a bool tensor in ONNX Runtime.
 
-enum ElementwiseOp : int64_t { kAdd = 0, kSub = 1, kMul = 2, kDiv = 3, kNeg = 4 };
+enum ElementwiseOp : int64_t { kAdd = 0, kSub = 1, kMul = 2, kDiv = 3, kNeg = 4, kKeepSmall = 5 };
 
 struct ElementwiseKernel {
   explicit ElementwiseKernel(const Ort::ConstKernelInfo& info)
@@ -834,7 +838,7 @@ struct ElementwiseKernel {
     if (!shaped) n = 1;  // every input of one element: so are the results
     for (size_t k = 0; k < steps; ++k) {
       const int64_t op = program_[3 * k], a = program_[3 * k + 1], b = program_[3 * k + 2];
-      if (op < kAdd || op > kNeg || a < 0 || a >= static_cast<int64_t>(inputs + k) ||
+      if (op < kAdd || op > kKeepSmall || a < 0 || a >= static_cast<int64_t>(inputs + k) ||
           (op == kNeg ? b != -1 : (b < 0 || b >= static_cast<int64_t>(inputs + k)))) {
         throw std::runtime_error("aot2onnx fused Elementwise: an instruction reads a value not yet computed");
       }
@@ -890,6 +894,8 @@ struct ElementwiseKernel {
       case kSub: return Apply<T, kLength>(r, x, y, sx, sy, m, [](T p, T q) { return p - q; });
       case kMul: return Apply<T, kLength>(r, x, y, sx, sy, m, [](T p, T q) { return p * q; });
       case kDiv: return Apply<T, kLength>(r, x, y, sx, sy, m, [](T p, T q) { return p / q; });
+      case kKeepSmall:
+        return Apply<T, kLength>(r, x, y, sx, sy, m, [](T p, T q) { return std::fabs(p) >= T(0x1p-12) ? q : p; });
       default:
         for (int64_t i = 0; i < (kLength ? kLength : m); ++i) r[i] = -x[i];
     }

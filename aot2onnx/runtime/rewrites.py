@@ -241,8 +241,48 @@ def _all_zero_bytes(tensor: onnx.TensorProto) -> bool:
     return not np.ascontiguousarray(values).view(np.uint8).any()
 
 
-# The fused Elementwise's instructions (fused_ops.cc's ElementwiseOp), by ONNX op.
-_ARITHMETIC = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Neg": 4}
+# The fused Elementwise's instructions (fused_ops.cc's ElementwiseOp), by ONNX op; KeepSmall stands for the float32
+# tanh lowering's guard, Where(GreaterOrEqual(Abs(a), 2^-12), b, a) (_tanh_guards).
+_ARITHMETIC = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Neg": 4, "KeepSmall": 5}
+_TANH_SMALL = 2.0**-12  # lower/ops/pointwise.py's aten_tanh: below it, tanh(x) rounds to x
+
+
+def _tanh_guards(graph: onnx.GraphProto, readers: dict[str, set[int]],
+                 external: set[str]) -> dict[int, tuple[list[str], tuple[int, int]]]:
+    """The float32 tanh lowering's guards in ``graph``: per Where node computing ``Where(GreaterOrEqual(Abs(a),
+    2^-12), b, a)``, the operands (a, b) of the KeepSmall instruction that does the same, and the positions of its
+    Abs and GreaterOrEqual, which nothing else reads. The Where may be the fused kernels' (fused_selects)."""
+    producer = {o: k for k, node in enumerate(graph.node) for o in node.output}
+    constants = _constant_tensors(graph.initializer, graph.node)
+
+    def only_reader(value: str, k: int) -> bool:
+        return readers.get(value, set()) == {k} and value not in external
+
+    guards: dict[int, tuple[list[str], tuple[int, int]]] = {}
+    for k, node in enumerate(graph.node):
+        if node.op_type != "Where" or node.domain not in ("", "ai.onnx", FUSED_DOMAIN) or len(node.input) != 3:
+            continue
+        condition, large, small = node.input
+        ge = producer.get(condition)
+        if ge is None or not only_reader(condition, k):
+            continue
+        compare = graph.node[ge]
+        if compare.op_type != "GreaterOrEqual" or compare.domain not in ("", "ai.onnx") or len(compare.input) != 2:
+            continue
+        absolute, threshold = compare.input
+        ab = producer.get(absolute)
+        if ab is None or not only_reader(absolute, ge):
+            continue
+        abs_node = graph.node[ab]
+        if abs_node.op_type != "Abs" or abs_node.domain not in ("", "ai.onnx") or list(abs_node.input) != [small]:
+            continue
+        bound = constants.get(threshold)
+        if bound is None or bound.data_type != onnx.TensorProto.FLOAT or int(np.prod(bound.dims)) != 1:
+            continue
+        if float(onnx.numpy_helper.to_array(bound).reshape(-1)[0]) != _TANH_SMALL:
+            continue
+        guards[k] = ([small, large], (ab, ge))
+    return guards
 
 
 def _shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, tuple | None]]:
@@ -265,7 +305,9 @@ def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """``model`` with chains of ONNX ``Add``, ``Sub``, ``Mul``, ``Div`` and ``Neg`` run as aot2onnx's fused
     ``Elementwise`` (``runtime/fused_ops.cc``: the same operations in one pass, block by block), and how many
     nodes it replaced. Hugging Face's GPT-2 GELU ("gelu_new", written out) is 13 such nodes in the forward graph
-    and 15 in the backward, each a pass over memory on ONNX Runtime's one thread.
+    and 15 in the backward, each a pass over memory on ONNX Runtime's one thread. The float32 tanh lowering's
+    guard (Abs, GreaterOrEqual, Where: :func:`_tanh_guards`) joins a region as one instruction, its Abs and
+    GreaterOrEqual dropped with it.
 
     A region: two or more such nodes of one float32 or float64 type and one shape, each reading the region's
     results, tensors of its shape, or constants of one element (initializers and Constant outputs). A node joins
@@ -274,6 +316,11 @@ def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     without a cycle. Its outputs are the region's values that other nodes or the graph's outputs read."""
     graph = model.graph
     shapes = _shapes(graph)
+    readers, external = _readers(graph)
+    guards = _tanh_guards(graph, readers, external)
+    # Each node's op and operands as a region sees them: a tanh guard's Where as its KeepSmall instruction.
+    ops = [("KeepSmall", guards[k][0]) if k in guards else (node.op_type, list(node.input))
+           for k, node in enumerate(graph.node)]
     constants: dict[str, int] = {}  # one-element constants: their rank
     for init in graph.initializer:
         if int(np.prod(init.dims)) == 1:
@@ -285,20 +332,22 @@ def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
                 constants[node.output[0]] = len(attribute.t.dims)
                 shapes[node.output[0]] = (attribute.t.data_type, tuple(attribute.t.dims))
 
-    def region_shape(node: onnx.NodeProto) -> tuple[int, tuple] | None:
+    def region_shape(k: int) -> tuple[int, tuple] | None:
         """The node's type and shape where it can join a region: the shape of its tensor operands (one), every
         other operand a constant of one element, of no higher rank, of the type."""
-        if node.domain not in ("", "ai.onnx") or node.op_type not in _ARITHMETIC or len(node.output) != 1:
+        node = graph.node[k]
+        op_type, operands = ops[k]
+        if k not in guards and (node.domain not in ("", "ai.onnx") or op_type not in _ARITHMETIC):
             return None
-        if len(node.input) != (1 if node.op_type == "Neg" else 2) or not all(node.input):
+        if len(node.output) != 1 or len(operands) != (1 if op_type == "Neg" else 2) or not all(operands):
             return None
-        found = {shapes.get(i, (None, None)) for i in node.input if i not in constants}
+        found = {shapes.get(i, (None, None)) for i in operands if i not in constants}
         if len(found) != 1:
             return None
         dtype, dims = next(iter(found))
-        if dtype not in _PRODUCT_DTYPES or dims is None:
+        if dtype not in _PRODUCT_DTYPES or dims is None or (k in guards and dtype != onnx.TensorProto.FLOAT):
             return None
-        if any(shapes.get(i, (None, None))[0] != dtype or constants[i] > len(dims) for i in node.input if i in constants):
+        if any(shapes.get(i, (None, None))[0] != dtype or constants[i] > len(dims) for i in operands if i in constants):
             return None
         declared_type, declared_dims = shapes.get(node.output[0], (None, None))
         if declared_type not in (None, 0, dtype) or declared_dims not in (None, dims):
@@ -309,13 +358,14 @@ def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     regions: list[dict] = []
     region_of: dict[str, int] = {}
     for k, node in enumerate(graph.node):
-        kind = region_shape(node)
+        kind = region_shape(k)
         if kind is None:
             for o in node.output:
                 position[o] = k
             continue
         shapes[node.output[0]] = kind
-        reads = [i for i in node.input if i not in constants]
+        operands = ops[k][1]
+        reads = [i for i in operands if i not in constants]
         candidates = sorted({region_of[i] for i in reads if i in region_of}, key=lambda r: -regions[r]["first"])
         if regions and regions[-1]["kind"] == kind and set(reads) & regions[-1]["reads"]:
             candidates.append(len(regions) - 1)  # a sibling: reads a tensor the last region reads
@@ -323,7 +373,7 @@ def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         for r in candidates:
             region = regions[r]
             if region["kind"] == kind and all(
-                    region_of.get(i) == r or position.get(i, -1) < region["first"] for i in node.input):
+                    region_of.get(i) == r or position.get(i, -1) < region["first"] for i in operands):
                 chosen = r
                 break
         if chosen is None:
@@ -338,7 +388,6 @@ def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     fused = [r for r in regions if len(r["members"]) > 1]
     if not fused:
         return model, 0
-    readers, external = _readers(graph)
     replacement: dict[int, onnx.NodeProto] = {}
     dropped: set[int] = set()
     replaced = 0
@@ -351,17 +400,17 @@ def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         operands: dict[str, int] = {}
         inputs: list[str] = []
         for k in members:
-            for i in graph.node[k].input:
+            for i in ops[k][1]:
                 if i not in produced and i not in operands:
                     operands[i] = len(inputs)
                     inputs.append(i)
         program: list[int] = []
         for step, k in enumerate(members):
-            node = graph.node[k]
-            a = operands[node.input[0]]
-            b = operands[node.input[1]] if len(node.input) > 1 else -1
-            program += [_ARITHMETIC[node.op_type], a, b]
-            operands[node.output[0]] = len(inputs) + step
+            op_type, read = ops[k]
+            a = operands[read[0]]
+            b = operands[read[1]] if len(read) > 1 else -1
+            program += [_ARITHMETIC[op_type], a, b]
+            operands[graph.node[k].output[0]] = len(inputs) + step
         outputs = [graph.node[k].output[0] for k in members if graph.node[k].output[0] in used]
         if not outputs:  # nothing reads the region: its nodes are left to the removal of unused nodes
             continue
@@ -370,6 +419,10 @@ def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             "Elementwise", inputs, outputs, name=f"aot2onnx_elementwise_{number}", domain=FUSED_DOMAIN,
             program=program, results=[operands[o] for o in outputs])
         dropped |= set(members[1:])
+        for k in members:  # a guard's Abs and GreaterOrEqual, which only it read
+            if k in guards:
+                dropped |= set(guards[k][1])
+                replaced += 2
     if not replaced:
         return model, 0
     return _with_nodes_replaced(model, replacement, dropped), replaced
