@@ -970,6 +970,9 @@ def test_fused_elementwise_takes_tanhs_guard_with_onnx_runtimes_bits(threads):
     assert ops.count("Abs") == 2 and ops.count("GreaterOrEqual") == 2 and ops.count("Where") == 2, ops
     first = next(n for n in rewritten.graph.node if n.op_type == "Elementwise" and "out" in n.output)
     assert 5 in list(onnx.helper.get_attribute_value(first.attribute[0]))[::3]  # the KeepSmall instruction
+    read = {i for n in rewritten.graph.node for i in n.input}
+    assert {i.name for i in rewritten.graph.initializer} <= read  # the bound went with the last compare reading it
+    assert "small" in read and "other" in read  # the guards left standing still read theirs
 
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(shape) * 3).astype(np.float32)

@@ -425,7 +425,25 @@ def fused_elementwise(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
                 replaced += 2
     if not replaced:
         return model, 0
-    return _with_nodes_replaced(model, replacement, dropped), replaced
+    rewritten = _with_nodes_replaced(model, replacement, dropped)
+    _drop_unread_constants(rewritten.graph, {graph.node[k].input[1] for k in dropped
+                                             if graph.node[k].op_type == "GreaterOrEqual"})
+    return rewritten, replaced
+
+
+def _drop_unread_constants(graph: onnx.GraphProto, names: set[str]) -> None:
+    """Removes from ``graph`` the initializers and Constant nodes among ``names`` that nothing reads any more
+    (ONNX Runtime warns of an unused initializer at every session it opens)."""
+    readers, external = _readers(graph)
+    unread = {name for name in names if name not in readers and name not in external}
+    if not unread:
+        return
+    kept = [init for init in graph.initializer if init.name not in unread]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    nodes = [n for n in graph.node if not (n.op_type == "Constant" and set(n.output) <= unread)]
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 _PRODUCT_DTYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
