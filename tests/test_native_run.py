@@ -270,3 +270,20 @@ def test_runs_from_two_threads_at_once():
     for k in range(3):
         for j, out in enumerate(results[k]):
             assert torch.equal(out, expected[j // 20])
+
+
+def test_a_second_copy_of_the_library_says_it_cannot_register_and_does_not_end_the_process(tmp_path):
+    # The operators are registered when Python asks, not when the library loads: a copy loaded beside the one in
+    # use finds the namespace taken and returns the error.
+    import ctypes
+    import shutil
+
+    assert native_run.available()
+    copy_path = tmp_path / "libaot2onnx_fused_copy.so"
+    shutil.copy(fused.library(), copy_path)
+    register = ctypes.CDLL(str(copy_path)).aot2onnx_register_native_ops
+    register.restype = ctypes.c_char_p
+    error = register()
+    assert error is not None and b"aot2onnx_native" in error
+    assert native_run.available()  # the first copy's operators still run
+

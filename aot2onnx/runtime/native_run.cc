@@ -232,10 +232,27 @@ std::vector<at::Tensor> run(int64_t handle, const std::vector<at::Tensor>& input
 
 }  // namespace
 
-TORCH_LIBRARY(aot2onnx_native, m) {
-  m.def("open(Tensor model, int intra, int inter, int level, int mode, bool deterministic, str[] config, bool fused, "
-        "str[] inputs, str[] outputs, str optimized='') -> int",
-        &open_session);
-  m.def("close(int handle) -> ()", &close_session);
-  m.def("run(int handle, Tensor[] inputs) -> Tensor[]", &run);
+// Registers the operators (namespace aot2onnx_native) when Python asks (native_run.py), not when the library is
+// loaded: a registration that fails (the namespace taken, by another copy of the library say) is an error
+// message for Python, where at load time it would end the process. Returns null, or the error (kept alive).
+extern "C" __attribute__((visibility("default"))) const char* aot2onnx_register_native_ops() {
+  static std::mutex lock;
+  static std::unique_ptr<torch::Library> library;
+  static std::string error;
+  std::lock_guard<std::mutex> guard(lock);
+  if (library) return nullptr;
+  try {
+    auto made = std::make_unique<torch::Library>(torch::Library::DEF, "aot2onnx_native", std::nullopt, __FILE__,
+                                                 __LINE__);
+    made->def("open(Tensor model, int intra, int inter, int level, int mode, bool deterministic, str[] config, "
+              "bool fused, str[] inputs, str[] outputs, str optimized='') -> int",
+              &open_session);
+    made->def("close(int handle) -> ()", &close_session);
+    made->def("run(int handle, Tensor[] inputs) -> Tensor[]", &run);
+    library = std::move(made);
+    return nullptr;
+  } catch (const std::exception& e) {
+    error = e.what();
+    return error.c_str();
+  }
 }

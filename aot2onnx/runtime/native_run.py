@@ -17,6 +17,7 @@ graph keeps its Python session for everything else (the trial, profiling, the bi
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import weakref
@@ -56,9 +57,13 @@ def _ops() -> Any:
     try:
         # A registration hands the library ONNX Runtime's API (RegisterCustomOps), which its sessions use.
         ort.SessionOptions().register_custom_ops_library(path)
-        torch.ops.load_library(path)
+        register = ctypes.CDLL(path).aot2onnx_register_native_ops
+        register.restype = ctypes.c_char_p
+        error = register()
+        if error is not None:
+            raise RuntimeError(error.decode(errors="replace"))
         return torch.ops.aot2onnx_native
-    except (OSError, RuntimeError) as e:
+    except (OSError, RuntimeError, AttributeError) as e:
         logger.debug("aot2onnx: the fused kernels' library gives no native run: %s", e)
         return None
 
