@@ -107,19 +107,24 @@ def test_the_twin_plans_the_same_optimized_graph(tmp_path):
         assert any(n.domain == "aot2onnx.fused" for n in native.graph.node)
 
 
-def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int,
-           **options) -> tuple[list[torch.Tensor], dict[str, bool]]:
-    """The losses and gradients of ``steps`` SGD steps, and whether each graph ran natively."""
-    compiled = torch.compile(model, backend="aot2onnx", options={"fallback": False, **options})
+def _sgd_steps(fn, model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The losses and gradients of ``steps`` SGD steps of ``model`` run through ``fn``."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     seen = []
     for _ in range(steps):
         opt.zero_grad()
-        loss = F.cross_entropy(compiled(x), y)
+        loss = F.cross_entropy(fn(x), y)
         loss.backward()
         seen += [loss.detach(), *(p.grad.clone() for p in model.parameters())]
         opt.step()
-    return seen, {g.kind.value: g.native for g in _graphs()}
+    return seen
+
+
+def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int,
+           **options) -> tuple[list[torch.Tensor], dict[str, bool]]:
+    """The losses and gradients of ``steps`` compiled SGD steps, and whether each graph ran natively."""
+    compiled = torch.compile(model, backend="aot2onnx", options={"fallback": False, **options})
+    return _sgd_steps(compiled, model, x, y, steps), {g.kind.value: g.native for g in _graphs()}
 
 
 def test_training_runs_natively_with_the_python_sessions_bits_and_eagers_numbers(monkeypatch):
@@ -137,7 +142,8 @@ def test_training_runs_natively_with_the_python_sessions_bits_and_eagers_numbers
     assert len(runs[True]) == len(runs[False])
     for a, b in zip(runs[True], runs[False]):
         assert torch.equal(_bits(a), _bits(b))
-    eager = _train_eager(copy.deepcopy(base), x, y, 4)
+    eager_model = copy.deepcopy(base)
+    eager = _sgd_steps(eager_model, eager_model, x, y, 4)
     for a, b in zip(runs[True], eager):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
@@ -177,18 +183,6 @@ def test_the_session_a_thread_trial_keeps_runs_natively_with_its_bits():
         g._native = twins[g]
     for a, b in zip(native, python):
         assert torch.equal(_bits(a), _bits(b))
-
-
-def _train_eager(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    seen = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        seen += [loss.detach(), *(p.grad.clone() for p in model.parameters())]
-        opt.step()
-    return seen
 
 
 def test_outputs_outlive_the_native_session_and_keep_their_values():
