@@ -60,29 +60,40 @@ def test_the_recipe_reads_the_sessions_options():
     config = dict(zip(recipe["config"][::2], recipe["config"][1::2]))
     assert config["session.intra_op.allow_spinning"] == so.get_session_config_entry("session.intra_op.allow_spinning")
     assert config["session.use_env_allocators"] == "1"
-    assert config["optimization.disable_specified_optimizers"] == "NoopElimination,ExpandElimination"
+    assert config["optimization.disable_specified_optimizers"] == "NoopElimination;ExpandElimination"
     so.enable_profiling = True
     assert native_run.recipe(so, []) is None  # a profiled session's trace must hold every run
 
 
 def test_disabled_optimizers_reach_the_native_session():
-    # (-x + 0.0) * 3 at x = 0 is +0.0 in eager; ONNX Runtime's NoopElimination drops the Add (-0.0). The twin
-    # must disable it as the Python session does, and does so only where asked.
+    # Both rewrites aot2onnx turns off, at once. NoopElimination: (-x + 0.0) * 3 at x = 0 is +0.0 in eager, -0.0
+    # with the Add dropped. ExpandElimination: Expand([1, 4] -> [0, 4]) taken for a no-op gives [1, 4]. The twin
+    # must disable both as the Python session does (a list ONNX Runtime misreads disables neither), and only
+    # where asked.
     nodes = [helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Add", ["n", "zero"], ["s"]),
-             helper.make_node("Mul", ["s", "three"], ["y"])]
-    model = _model(nodes, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
-                   [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+             helper.make_node("Mul", ["s", "three"], ["y"]), helper.make_node("Unsqueeze", ["t", "axis"], ["u"]),
+             helper.make_node("Expand", ["u", "empty"], ["e"]), helper.make_node("Mul", ["e", "three"], ["z"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2]),
+                           helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, [4])],
+                   [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in ("y", "z")],
                    [onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
-                    onnx.numpy_helper.from_array(np.array(3.0, np.float32), "three")])
-    x = torch.tensor([0.0, 1.0])
+                    onnx.numpy_helper.from_array(np.array(3.0, np.float32), "three"),
+                    onnx.numpy_helper.from_array(np.array([0], np.int64), "axis"),
+                    onnx.numpy_helper.from_array(np.array([0, 4], np.int64), "empty")])
+    x, t = torch.tensor([0.0, 1.0]), torch.randn(4)
     so = session_options(Options())
-    python = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"], disabled_optimizers=["NoopElimination"])
-    expected = torch.from_numpy(python.run(None, {"x": x.numpy()})[0])
-    assert torch.equal(_bits(expected), _bits(torch.tensor([0.0, -3.0])))
-    kept = native_run.NativeSession(model, native_run.recipe(so, ["NoopElimination"]), False, ["x"], ["y"]).run([x])[0]
-    assert torch.equal(_bits(kept), _bits(expected))
-    dropped = native_run.NativeSession(model, native_run.recipe(so, []), False, ["x"], ["y"]).run([x])[0]
-    assert torch.equal(_bits(dropped), _bits(torch.tensor([-0.0, -3.0])))  # the test tells the two apart
+    disabled = ["NoopElimination", "ExpandElimination"]
+    python = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+    y, z = (torch.from_numpy(a) for a in python.run(None, {"x": x.numpy(), "t": t.numpy()}))
+    assert torch.equal(_bits(y), _bits(torch.tensor([0.0, -3.0]))) and z.shape == (0, 4)
+    for names in (disabled, disabled[::-1]):
+        twin = native_run.NativeSession(model, native_run.recipe(so, names), False, ["x", "t"], ["y", "z"])
+        native_y, native_z = twin.run([x, t])
+        assert torch.equal(_bits(native_y), _bits(y)) and native_z.shape == (0, 4)
+    plain_y, plain_z = native_run.NativeSession(model, native_run.recipe(so, []), False, ["x", "t"],
+                                                ["y", "z"]).run([x, t])
+    # the test tells the two apart
+    assert torch.equal(_bits(plain_y), _bits(torch.tensor([-0.0, -3.0]))) and plain_z.shape == (1, 4)
 
 
 def test_the_twin_plans_the_same_optimized_graph(tmp_path):
@@ -281,3 +292,32 @@ def test_a_second_copy_of_the_library_says_it_cannot_register_and_does_not_end_t
     assert error is not None and b"aot2onnx_native" in error
     assert native_run.available()  # the first copy's operators still run
 
+
+
+def test_profiled_calls_draw_dropout_from_the_same_session():
+    # Each session's random ops start from the seeds in the model: were profiled calls run on the Python session
+    # and the others on the twin, the profiled ones would repeat the twin's first masks. Calls profiled in turn
+    # draw the same masks as calls that are not.
+    from aot2onnx.runtime.session import profiling
+
+    def masks(profiled_calls: set[int]) -> list[torch.Tensor]:
+        torch.compiler.reset()
+        aot2onnx.reset_compiled_graphs()
+        torch.manual_seed(0)  # the seeds lowering draws
+        compiled = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend="aot2onnx",
+                                 options={"fallback": False})
+        x = torch.ones(4096)
+        out = []
+        for call in range(4):
+            if call in profiled_calls:
+                with profiling():
+                    out.append(compiled(x))
+            else:
+                out.append(compiled(x))
+        assert all(g.native for g in _graphs())
+        return out
+
+    plain, profiled = masks(set()), masks({1, 3})
+    assert not torch.equal(plain[0], plain[1])  # the masks differ from call to call
+    for a, b in zip(plain, profiled):
+        assert torch.equal(a, b)

@@ -88,7 +88,9 @@ def recipe(so: ort.SessionOptions, disabled: Sequence[str]) -> dict[str, Any] | 
             continue
         config += [key, value]
     if disabled:
-        config += [_DISABLED_OPTIMIZERS, ",".join(disabled)]
+        # Separated by ";": ONNX Runtime 1.32 reads "a,b" as one name and so disables neither (its header says
+        # commas); tests/test_native_run.py checks two at once.
+        config += [_DISABLED_OPTIMIZERS, ";".join(disabled)]
     return {
         "intra": so.intra_op_num_threads, "inter": so.inter_op_num_threads,
         "level": int(so.graph_optimization_level), "mode": int(so.execution_mode),

@@ -301,14 +301,14 @@ _TRIAL_MARGIN = 0.95
 class _TimedRun:
     """An ONNX Runtime run callable that adds up the seconds its runs take."""
 
-    def __init__(self, ort_run: Callable[[Any, Any], None]) -> None:
+    def __init__(self, ort_run: Callable[..., Any]) -> None:
         self.ort_run = ort_run
         self.seconds = 0.0
 
-    def __call__(self, *args: Any) -> None:
+    def __call__(self, *args: Any) -> Any:
         start = time.perf_counter()
         try:
-            self.ort_run(*args)
+            return self.ort_run(*args)
         finally:
             self.seconds += time.perf_counter() - start
 
@@ -866,11 +866,20 @@ class OrtGraph:
                 self._native = None
             sess_run = self._one_call_run
             timed = _TimedRun(sess_run) if isinstance(ort_run, _TimedRun) else None
-            if self._native is None and timed is None:
+            # The trial's timed calls compare the Python sessions; every other call, a profiled one included,
+            # runs on the twin once there is one: a graph with random ops must draw from one session only (each
+            # session's generator starts from the seeds in the model).
+            native = self._trial is None or timed is None
+            if self._native is None and native:
                 self._native = self._native_twin()
             try:
-                if self._native and timed is None:
-                    results = self._native.run(tensors)
+                if self._native and native:
+                    if timed is None:
+                        results = self._native.run(tensors)
+                    else:
+                        timed_native = _TimedRun(self._native.run)
+                        results = timed_native(tensors)
+                        timed.seconds += timed_native.seconds
                 else:
                     results = one_call.run(sess_run if timed is None else timed, tensors, shapes)
             except KeyError as e:
@@ -895,9 +904,9 @@ class OrtGraph:
     def _native_twin(self) -> native_run.NativeSession | bool:
         """The session the graph runs on, opened again through the C API (runtime.native_run), or False where it
         cannot be: the switch is off, the library is not available, or the session is not one of aot2onnx's
-        own making. Made at the session's first untimed call and kept with it: the thread trial's candidates
-        run and are timed on their Python sessions (their runs are the same), and the one the graph keeps gets
-        its twin at its first call after."""
+        own making. Made at the session's first call outside the thread trial's turns and kept with it: the
+        trial's candidates run and are timed on their Python sessions (their runs are the same), and the one the
+        graph keeps gets its twin at its first call after."""
         session = self._session
         twin = getattr(session, "_aot2onnx_twin", None)
         if twin is not None:
