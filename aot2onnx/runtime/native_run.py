@@ -2,17 +2,17 @@
 fused kernels' library (``runtime/native_run.cc``), one torch operator call a run.
 
 The one-call run (``runtime/one_call.py``) still paid Python for each tensor: an ``OrtValueVector`` filled from
-lists of addresses, dtypes and shapes, and a DLPack capsule and a torch tensor per output, about 1.5-2 us a
-tensor (2 cores, 2026-11-29): 0.15-0.2 ms a call on the benchmark's BERT and GPT-2 graphs (45-67 inputs,
-29-45 outputs). Here ``torch.ops.aot2onnx_native.run`` takes the list of tensors, wraps each in an OrtValue on
-its own memory, runs the session and returns each output as a tensor on ONNX Runtime's memory, which the
-tensor keeps alive.
+lists of addresses, dtypes and shapes, and a DLPack capsule and a torch tensor per output. Here
+``torch.ops.aot2onnx_native.run`` takes the list of tensors, wraps each in an OrtValue on its own memory, runs the
+session and returns each output as a tensor on ONNX Runtime's memory, which the tensor keeps alive. A graph of 45
+inputs and 45 outputs (a Neg each, one thread, 2026-11-28): 87 us a call through the one-call run, 58 us here;
+bert-s's calls about 40 us less each.
 
-A native session is the twin of the Python session the graph settled on (after its thread trial): the same
-model bytes, opened with the same options (threads, optimization level, execution mode, deterministic
-compute, config entries, disabled optimizers, the fused kernels' ops), so ONNX Runtime plans the same graph
-and computes the same values; :func:`recipe` reads them off the Python session's ``SessionOptions``. The
-graph keeps its Python session for everything else (the trial, profiling, the binding path).
+A native session is the twin of the Python session a graph runs on: the same model bytes, opened with the same
+options (threads, optimization level, execution mode, deterministic compute, config entries, disabled
+optimizers, the fused kernels' ops), so ONNX Runtime plans the same graph and computes the same values;
+:func:`recipe` reads them off the Python session's ``SessionOptions``. The graph keeps its Python sessions for
+the thread trial's timed turns, for sessions with ONNX Runtime's profiler on, and for the binding path.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def available() -> bool:
 
 def recipe(so: ort.SessionOptions, disabled: Sequence[str]) -> dict[str, Any] | None:
     """What a native twin of a session made with ``so`` and ``disabled`` optimizers is opened with; None where
-    should not be: a profiled session (its trace must hold every run), one that writes its optimized model.
+    there should be none: a session with ONNX Runtime's profiler on (its trace must hold every run), one that
+    writes its optimized model.
     Only runtime/session.py's own sessions are twinned: a custom op library other than the fused kernels', for
     one, cannot be read back from ``so``."""
     if so.enable_profiling or so.optimized_model_filepath:
