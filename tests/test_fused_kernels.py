@@ -974,6 +974,13 @@ def test_fused_elementwise_takes_tanhs_guard_with_onnx_runtimes_bits(threads):
     assert {i.name for i in rewritten.graph.initializer} <= read  # the bound went with the last compare reading it
     assert "small" in read and "other" in read  # the guards left standing still read theirs
 
+    # A bound that is also a graph input is a default a caller may replace: that guard stays.
+    overridable = onnx.ModelProto()
+    overridable.CopyFrom(model)
+    overridable.graph.input.append(helper.make_tensor_value_info("small", f, []))
+    kept_ops = [n.op_type for n in fused_elementwise(overridable)[0].graph.node]
+    assert kept_ops.count("Abs") == 3 and kept_ops.count("Where") == 3, kept_ops
+
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(shape) * 3).astype(np.float32)
     edge = np.float32(2.0**-12) / np.float32(0.75)  # inner = x * 0.75 lands on the bound

@@ -254,6 +254,7 @@ def _tanh_guards(graph: onnx.GraphProto, readers: dict[str, set[int]],
     Abs and GreaterOrEqual, which nothing else reads. The Where may be the fused kernels' (fused_selects)."""
     producer = {o: k for k, node in enumerate(graph.node) for o in node.output}
     constants = _constant_tensors(graph.initializer, graph.node)
+    graph_inputs = {value.name for value in graph.input}
 
     def only_reader(value: str, k: int) -> bool:
         return readers.get(value, set()) == {k} and value not in external
@@ -278,6 +279,8 @@ def _tanh_guards(graph: onnx.GraphProto, readers: dict[str, set[int]],
             continue
         bound = constants.get(threshold)
         if bound is None or bound.data_type != onnx.TensorProto.FLOAT or int(np.prod(bound.dims)) != 1:
+            continue
+        if threshold in graph_inputs:  # an initializer that is also an input: a default a caller may replace
             continue
         if float(onnx.numpy_helper.to_array(bound).reshape(-1)[0]) != _TANH_SMALL:
             continue
@@ -435,7 +438,8 @@ def _drop_unread_constants(graph: onnx.GraphProto, names: set[str]) -> None:
     """Removes from ``graph`` the initializers and Constant nodes among ``names`` that nothing reads any more
     (ONNX Runtime warns of an unused initializer at every session it opens)."""
     readers, external = _readers(graph)
-    unread = {name for name in names if name not in readers and name not in external}
+    inputs = {value.name for value in graph.input}  # an initializer that is also an input stays: a default
+    unread = {name for name in names if name not in readers and name not in external and name not in inputs}
     if not unread:
         return
     kept = [init for init in graph.initializer if init.name not in unread]
