@@ -29,14 +29,12 @@ const OrtApiBase* aot2onnx_api_base();  // fused_ops.cc: the API base ONNX Runti
 
 namespace {
 
+// The API fused_ops.cc's RegisterCustomOps set (Ort::InitApi) before it noted the API base.
 const OrtApi& api() {
-  const OrtApiBase* base = aot2onnx_api_base();
-  if (base == nullptr) {
+  if (aot2onnx_api_base() == nullptr) {
     throw std::runtime_error("aot2onnx native run: ONNX Runtime has not loaded the library in this process yet");
   }
-  static const OrtApi* const found = base->GetApi(ORT_API_VERSION);
-  if (found == nullptr) throw std::runtime_error("aot2onnx native run: this onnxruntime lacks the C API version");
-  return *found;
+  return Ort::GetApi();
 }
 
 void check(OrtStatus* status) {
