@@ -231,8 +231,11 @@ def test_a_failing_run_raises_onnx_runtimes_error():
         session.run([torch.arange(6.0), torch.tensor([5])])
     with pytest.raises(RuntimeError, match="1 inputs for a session of 2"):
         session.run([torch.arange(6.0)])
-    with pytest.raises(RuntimeError, match="contiguous"):
-        session.run([torch.arange(12.0)[::2], torch.tensor([6])])
+    # A strided input is copied to a contiguous one before the run (the caller need not look at every tensor).
+    strided = torch.arange(12.0)[::2]
+    assert torch.equal(session.run([strided, torch.tensor([6])])[0], strided)
+    assert torch.equal(session.run([torch.arange(12.0).reshape(2, 6).t()[0], torch.tensor([2])])[0],
+                       torch.tensor([0.0, 6.0]))
 
 
 def test_a_compiled_graphs_failing_native_run_says_which_graph():
@@ -250,6 +253,24 @@ def test_a_compiled_graphs_failing_native_run_says_which_graph():
     graph._native = Failing()
     with pytest.raises(RuntimeSessionError, match=f"failed running graph '{graph.name}': the C API said no"):
         compiled(a)
+
+
+def test_a_static_graph_looks_at_input_shapes_once_and_onnx_runtime_refuses_another():
+    """A graph whose inputs all have static shapes has them checked at its first run only: ONNX Runtime refuses
+    any other shape, so a later run cannot return outputs of shapes the graph does not declare. A strided input
+    reaches the twin as it is and is copied there."""
+    aot2onnx.reset_compiled_graphs()
+    compiled = torch.compile(lambda a, b: a @ b + 1, backend="aot2onnx", options={"fallback": False})
+    a, b = torch.randn(4, 3), torch.randn(3, 5)
+    assert torch.equal(compiled(a, b), a @ b + 1)
+    [graph] = _graphs()
+    assert graph.native and graph._static_inputs
+    strided = torch.randn(5, 3).t()  # [3, 5], not contiguous
+    [out] = graph([a, strided])
+    assert torch.equal(out, graph([a, strided.contiguous()])[0])
+    torch.testing.assert_close(out, a @ strided + 1)
+    with pytest.raises(RuntimeSessionError, match="dimensions"):
+        graph([torch.randn(4, 3), torch.randn(3, 6)])
 
 
 def test_runs_from_two_threads_at_once():

@@ -178,9 +178,11 @@ struct Values {
   }
 };
 
-// run(handle, inputs): the session's outputs for inputs given in its input names' order, each a contiguous CPU
-// tensor (ONNX Runtime reads their memory in place). An output keeps its OrtValue, and so ONNX Runtime's
-// memory, alive until torch frees the tensor.
+// run(handle, inputs): the session's outputs for inputs given in its input names' order. ONNX Runtime reads a
+// contiguous CPU tensor's memory in place; another is copied first, as Python's one-call run does (a strided
+// view made contiguous, a 0-d tensor from another device brought to the CPU, as torch allows a scalar beside
+// CPU tensors), so that Python need not look at every tensor before the call. An output keeps its OrtValue,
+// and so ONNX Runtime's memory, alive until torch frees the tensor.
 std::vector<at::Tensor> run(int64_t handle, const std::vector<at::Tensor>& inputs) {
   std::shared_ptr<Session> s = find(handle);
   const OrtApi& ort = api();
@@ -191,11 +193,19 @@ std::vector<at::Tensor> run(int64_t handle, const std::vector<at::Tensor>& input
   static char empty = 0;  // an address for a tensor with no elements (ONNX Runtime refuses a null one)
   Values in(inputs.size());
   std::vector<int64_t> dims;
+  std::vector<at::Tensor> copies;  // inputs copied to a contiguous CPU tensor, alive until the run ends
   for (size_t k = 0; k < inputs.size(); ++k) {
-    const at::Tensor& t = inputs[k];
-    if (!t.is_cpu() || !t.is_contiguous()) {
-      throw std::runtime_error("aot2onnx native run: input " + s->input_names[k] + " is not a contiguous CPU tensor");
+    const at::Tensor* given = &inputs[k];
+    if (!given->is_cpu() || !given->is_contiguous()) {
+      if (!given->is_cpu() && given->dim() != 0) {
+        throw std::runtime_error("aot2onnx native run: input " + s->input_names[k] + " is on " +
+                                 given->device().str() + ", the session's are on the CPU");
+      }
+      copies.reserve(inputs.size());  // no reallocation: the pointers taken below stay valid
+      copies.push_back(given->to(at::kCPU).contiguous());
+      given = &copies.back();
     }
+    const at::Tensor& t = *given;
     dims.assign(t.sizes().begin(), t.sizes().end());
     void* data = t.numel() == 0 || t.data_ptr() == nullptr ? static_cast<void*>(&empty) : t.data_ptr();
     check(ort.CreateTensorWithDataAsOrtValue(s->cpu, data, t.nbytes(), dims.data(), dims.size(),

@@ -150,11 +150,17 @@ class OneCallRun:
         self.output_devices = [cpu] * len(self.output_names)
         self.run_options = ort.RunOptions()
 
-    def tensors(self, args: Sequence[Any], graph_name: str) -> list[torch.Tensor]:
-        """The inputs as ONNX Runtime takes them: contiguous CPU tensors, sizes as 0-d int64 tensors."""
+    def inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        """The inputs in ``names``' order, sizes as 0-d int64 tensors; the native run (runtime.native_run) copies
+        a tensor that is not contiguous or not on the CPU itself."""
         tensors = [args[i] for i in self.positions]
         for k in self.symints:
             tensors[k] = torch.tensor(int(tensors[k]), dtype=torch.int64)
+        return tensors
+
+    def tensors(self, args: Sequence[Any], graph_name: str) -> list[torch.Tensor]:
+        """The inputs as ONNX Runtime takes them: contiguous CPU tensors, sizes as 0-d int64 tensors."""
+        tensors = self.inputs(args)
         if not all([t.is_cpu and t.is_contiguous() for t in tensors]):
             tensors = [t if t.is_cpu and t.is_contiguous() else _fix(t, graph_name) for t in tensors]
         return tensors

@@ -467,10 +467,17 @@ class OrtGraph:
         self._in_place: frozenset[str] = frozenset()  # mutation outputs bound on their input's memory
         # ONNX Runtime hands bool tensors to DLPack as uint8; the output's declared type says which they are.
         declared = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
-        self._bool_outputs = [declared.get(n) == onnx.TensorProto.BOOL for n in self._onnx_outputs]
+        self._bool_outputs = [i for i, n in enumerate(self._onnx_outputs) if declared.get(n) == onnx.TensorProto.BOOL]
+        # Every output a tensor of the run's, in order: the run's results are the call's outputs as they are.
+        self._plain_outputs = all(spec.kind is OutputKind.TENSOR and not spec.is_complex for spec in signature.outputs)
         # The shapes the graph declares (FX's, for every input and output), which ONNX Runtime does not enforce
         # on outputs it allocates: see _check_shapes.
         self._input_dims = {i.name: _declared_dims(i) for i in model.graph.input}
+        # ONNX Runtime refuses an input of another shape than a static one the model declares: where every input's
+        # is static, the inputs of a run after the first come in the same shapes, and the one-call run need not
+        # look at them (_run_in_one_call).
+        self._static_inputs = all(dims is not None and all(isinstance(d, int) for d in dims)
+                                  for dims in self._input_dims.values())
         output_dims = {o.name: _declared_dims(o) for o in model.graph.output}
         # In the order of the run's results: the returned outputs, the written inputs' new values, the checks'.
         self._output_dims = [(n, output_dims.get(n)) for n in (
@@ -751,6 +758,9 @@ class OrtGraph:
     def _call(self, args: list[Any], ort_run: Callable[[Any, Any], None] | None) -> list[Any]:
         """The boxed call, running the session through ``ort_run`` (None for a graph without a session)."""
         results = self._run(args, ort_run) if ort_run is not None else []
+        if self._plain_outputs:
+            args.clear()  # boxed convention: the caller's references to the inputs can be freed now
+            return results
         outputs: list[Any] = []
         it = iter(results)
         for spec in self.signature.outputs:
@@ -858,8 +868,6 @@ class OrtGraph:
         """The run with every input and output handed over in one call (``runtime.one_call``)."""
         one_call = self._one_call
         assert one_call is not None
-        tensors = one_call.tensors(args, self.name)
-        shapes = [t.shape for t in tensors]
         with self._lock:
             if self._one_call_session is not self._session:  # the first run, or the thread trial's other session
                 self._one_call_session, self._one_call_run = self._session, c_run_with_ortvaluevector(self._session)
@@ -872,12 +880,18 @@ class OrtGraph:
             native = self._trial is None or timed is None
             if self._native is None and native:
                 self._native = self._native_twin()
+            twin = self._native if native and self._native else None
+            # The twin takes any tensor (it copies one that is not contiguous); the input shapes are looked at
+            # where they may have changed since the last run (the first run, or a symbolic size).
+            tensors = one_call.inputs(args) if twin else one_call.tensors(args, self.name)
+            fresh = self._one_call_shapes is None or not self._static_inputs
+            shapes = [t.shape for t in tensors] if fresh or not twin else None
             try:
-                if self._native and native:
+                if twin:
                     if timed is None:
-                        results = self._native.run(tensors)
+                        results = twin.run(tensors)
                     else:
-                        timed_native = _TimedRun(self._native.run)
+                        timed_native = _TimedRun(twin.run)
                         results = timed_native(tensors)
                         timed.seconds += timed_native.seconds
                 else:
@@ -891,7 +905,7 @@ class OrtGraph:
                     ort_run.seconds += timed.seconds
             self.runs += 1
             self._shape_views(results)
-            if shapes != self._one_call_shapes:
+            if fresh and shapes != self._one_call_shapes:
                 self._check_shapes(results, dict(zip(one_call.names, shapes)))
                 self._one_call_shapes = shapes
             returned = len(self._onnx_outputs)
@@ -943,8 +957,8 @@ class OrtGraph:
         for check, value in zip(self._checks, checked):
             # where eager raises: ATen's own linalg check and message, or an IndexError for a negative index
             _raise_if_failed(check.kind, check.api_name, value, check.is_matrix)
-        for i, is_bool in enumerate(self._bool_outputs):
-            if is_bool and results[i].dtype != torch.bool:
+        for i in self._bool_outputs:
+            if results[i].dtype != torch.bool:
                 results[i] = results[i].view(torch.bool)
         return results
 
