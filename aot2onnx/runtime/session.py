@@ -232,6 +232,33 @@ def providers_for(
 _MISSING_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
 
 
+def _output_plan(signature: GraphSignature) -> tuple[list[Any], list[int]] | None:
+    """How a call's outputs are picked, with no Python per output, from the list ``[*constants, *results, *args]``
+    (the constants returned, the run's returned outputs, the call's inputs): (constants, a position in that list
+    per output). None where an output needs work of its own (a complex tensor's real pairs, a size's int)."""
+    constants: list[Any] = []
+    for spec in signature.outputs:
+        if spec.kind is OutputKind.CONSTANT:
+            constants.append(spec.value)
+    positions: list[int] = []
+    results = constant = 0
+    for spec in signature.outputs:
+        if spec.kind is OutputKind.TENSOR and not spec.is_complex:
+            positions.append(len(constants) + results)
+            results += 1
+        elif spec.kind is OutputKind.INPUT:
+            positions.append(-1 - spec.index)  # from the end, once the number of results is known: below
+        elif spec.kind is OutputKind.DUPLICATE:
+            positions.append(positions[spec.index])
+        elif spec.kind is OutputKind.CONSTANT:
+            positions.append(constant)
+            constant += 1
+        else:
+            return None
+    start = len(constants) + results  # the first input's position
+    return constants, [start + (-1 - p) if p < 0 else p for p in positions]
+
+
 def _declared_dims(value: onnx.ValueInfoProto) -> tuple[int | str | None, ...] | None:
     """A graph input's or output's declared shape: a size, a symbol's name, or None per dim; None if no rank."""
     tensor_type = value.type.tensor_type
@@ -468,8 +495,7 @@ class OrtGraph:
         # ONNX Runtime hands bool tensors to DLPack as uint8; the output's declared type says which they are.
         declared = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
         self._bool_outputs = [i for i, n in enumerate(self._onnx_outputs) if declared.get(n) == onnx.TensorProto.BOOL]
-        # Every output a tensor of the run's, in order: the run's results are the call's outputs as they are.
-        self._plain_outputs = all(spec.kind is OutputKind.TENSOR and not spec.is_complex for spec in signature.outputs)
+        self._output_plan = _output_plan(signature)
         # The shapes the graph declares (FX's, for every input and output), which ONNX Runtime does not enforce
         # on outputs it allocates: see _check_shapes.
         self._input_dims = {i.name: _declared_dims(i) for i in model.graph.input}
@@ -758,10 +784,13 @@ class OrtGraph:
     def _call(self, args: list[Any], ort_run: Callable[[Any, Any], None] | None) -> list[Any]:
         """The boxed call, running the session through ``ort_run`` (None for a graph without a session)."""
         results = self._run(args, ort_run) if ort_run is not None else []
-        if self._plain_outputs:
+        plan = self._output_plan
+        if plan is not None:
+            constants, positions = plan
+            outputs = list(map([*constants, *results, *args].__getitem__, positions))
             args.clear()  # boxed convention: the caller's references to the inputs can be freed now
-            return results
-        outputs: list[Any] = []
+            return outputs
+        outputs = []
         it = iter(results)
         for spec in self.signature.outputs:
             if spec.kind is OutputKind.TENSOR:
