@@ -236,6 +236,8 @@ def test_a_failing_run_raises_onnx_runtimes_error():
     assert torch.equal(session.run([strided, torch.tensor([6])])[0], strided)
     assert torch.equal(session.run([torch.arange(12.0).reshape(2, 6).t()[0], torch.tensor([2])])[0],
                        torch.tensor([0.0, 6.0]))
+    with pytest.raises(RuntimeError, match="input x is on meta, the session's are on the CPU"):
+        session.run([torch.empty(6, device="meta"), torch.tensor([6])])
 
 
 def test_a_compiled_graphs_failing_native_run_says_which_graph():
@@ -271,6 +273,10 @@ def test_a_static_graph_looks_at_input_shapes_once_and_onnx_runtime_refuses_anot
     torch.testing.assert_close(out, a @ strided + 1)
     with pytest.raises(RuntimeSessionError, match="dimensions"):
         graph([torch.randn(4, 3), torch.randn(3, 6)])
+    # A tensor on another device, not a scalar, is refused before the run (by the twin, or by Python on a
+    # thread trial's turn), naming the graph.
+    with pytest.raises(RuntimeSessionError, match=f"graph '{graph.name}'.*on meta"):
+        graph([a, torch.empty(3, 5, device="meta")])
 
 
 def test_runs_from_two_threads_at_once():
