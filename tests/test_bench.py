@@ -336,3 +336,23 @@ def test_the_zoo_trains_the_benchmarks_mobilenet_and_bert_config():
     config = bert.build().model.config
     assert {k: getattr(config, k) for k in models.TINY_BERT_CONFIG} == models.TINY_BERT_CONFIG
     assert config._attn_implementation == "sdpa"
+
+
+def test_short_steps_get_more_rounds():
+    """At least --rounds rounds; then more, to --max-rounds, while some contender's timed steps add up to less
+    than --min-timed-s (a model of a few milliseconds a step); --quick keeps its two rounds."""
+    import argparse
+
+    from aot2onnx.tools.bench import _parse
+    from aot2onnx.tools.bench.timing import _another_round
+
+    args = argparse.Namespace(rounds=5, max_rounds=25, min_timed_s=4.0)
+    assert _another_round(4, args, [100.0, 100.0])  # the minimum first
+    assert not _another_round(5, args, [4.0, 9.0])  # each contender timed long enough
+    assert _another_round(5, args, [0.5, 9.0])  # one contender's steps are short
+    assert not _another_round(25, args, [0.5, 9.0])  # the cap
+    assert not _another_round(5, args, [])  # every contender failed
+    quick = _parse(["--quick", "--models", "tiny"])
+    assert quick.min_timed_s == 0.0 and not _another_round(quick.rounds, quick, [0.001])
+    default = _parse(["--models", "tiny"])
+    assert (default.rounds, default.min_timed_s, default.max_rounds) == (5, 4.0, 25)

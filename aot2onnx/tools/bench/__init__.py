@@ -38,7 +38,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default="",
                    help=f"comma-separated, from {', '.join(MODELS)}; overrides --suites")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated (default: all)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds of alternating contenders (default 5)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of alternating contenders, at least (default 5)")
+    p.add_argument("--min-timed-s", type=float, default=4.0,
+                   help="more rounds, up to --max-rounds, until every contender's timed steps add up to this many "
+                   "seconds: a model of a few milliseconds a step gets the rounds its noise needs (default 4)")
+    p.add_argument("--max-rounds", type=int, default=25, help="rounds at most (default 25)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per contender per round (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before each timed block (default 3)")
     p.add_argument("--trial-steps", type=int, default=400,
@@ -80,6 +84,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         args.levers = not args.quick
     if args.quick:
         args.rounds, args.steps, args.warmup = min(args.rounds, 2), min(args.steps, 3), min(args.warmup, 1)
+        args.min_timed_s = 0.0
         args.trial_steps = min(args.trial_steps, 3)
         args.breakdown_steps, args.process_steps = min(args.breakdown_steps, 3), min(args.process_steps, 2)
         args.warm_cache = False

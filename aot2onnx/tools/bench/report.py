@@ -378,8 +378,10 @@ def render_markdown(results: dict[str, Any], chart: str | None = None, findings:
     out += _levers(results)
     out += ["", "## Per model", ""]
     for m in results["models"]:
-        out += [f"### {m['name']}: {m['title']}", "",
-                "| contender | step ms | ratio to eager, median [min-max] | first step s, cold | "
+        out += [f"### {m['name']}: {m['title']}", ""]
+        if m.get("rounds"):
+            out += [f"{m['rounds']} rounds of {results['settings']['steps']} timed steps per contender.", ""]
+        out += ["| contender | step ms | ratio to eager, median [min-max] | first step s, cold | "
                 "first step s, compile caches warm | peak RSS MiB |",
                 "|---|---:|---:|---:|---:|---:|"]
         for c in contenders:
@@ -432,7 +434,11 @@ def _method(results: dict[str, Any]) -> str:
         f"A round runs each contender once: {s['warmup']} warm-up step(s) after a {SETTLE_S * 1e3:.0f} ms pause "
         f"and a garbage collection, then {s['steps']} timed steps with the garbage collector off; the "
         "contender's time for the round is the median of those steps. "
-        f"{s['rounds']} rounds rotate the order of the contenders, so each runs first, second and last. A "
+        + (f"{s['rounds']} rounds" if not s.get("min_timed_s") else
+           f"At least {s['rounds']} rounds, and more where steps are short (until every contender's timed steps "
+           f"add up to {s['min_timed_s']:g} s, {s.get('max_rounds', 25)} rounds at most; each model's section gives "
+           "its count),")
+        + " rotate the order of the contenders, so each runs first, second and last. A "
         "contender's step time is the median over rounds, and its ratio to eager is the median of the per-round "
         "ratios, with their minimum and maximum. Keeping each measurement clean of the others: ONNX Runtime's "
         "idle threads would otherwise spin and hold the cores while the next contender runs; aot2onnx's "

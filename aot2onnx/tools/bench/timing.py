@@ -315,6 +315,16 @@ def _bench_levers(default: Runner | None, base: nn.Module, x: torch.Tensor, y: t
     return out
 
 
+def _another_round(done: int, args: argparse.Namespace, timed_s: Sequence[float]) -> bool:
+    """Whether the rounds go on after ``done``: to ``args.rounds``, and then, to ``args.max_rounds`` at most, while
+    some contender's timed steps (``timed_s``, each one's total) add up to less than ``args.min_timed_s``. Five
+    rounds of a 5 ms step time a contender for half a second, and the VM's slow and fast spells then move a
+    small model's ratio to inductor by up to 0.5 between runs (docs/benchmark-findings.md, 2026-11-29)."""
+    if done < args.rounds:
+        return True
+    return bool(timed_s) and done < args.max_rounds and min(timed_s) < args.min_timed_s
+
+
 def _bench_model(name: str, args: argparse.Namespace, cache_root: str, log: Callable[[str], None]) -> dict[str, Any]:
     contenders = list(args.contenders)
     spec = MODELS[name]
@@ -367,7 +377,8 @@ def _bench_model(name: str, args: argparse.Namespace, cache_root: str, log: Call
     times: dict[str, list[float]] = {c: [] for c in runners}
     phases: dict[str, list[tuple[float, ...]]] = {c: [] for c in runners}
     rounds_start = _cpu_snapshot()
-    for r in range(args.rounds):
+    r = 0
+    while _another_round(r, args, [sum(step[0] for step in phases[c]) for c in runners]):
         live = [c for c in contenders if c in runners]
         order = live[r % len(live):] + live[: r % len(live)] if live else []
         for contender in order:
@@ -379,8 +390,10 @@ def _bench_model(name: str, args: argparse.Namespace, cache_root: str, log: Call
                 continue
             times[contender].append(statistics.median(b[0] for b in block))
             phases[contender].extend(block)
-        log(f"  round {r + 1}/{args.rounds}: " + ", ".join(
+        log(f"  round {r + 1}/{args.rounds}{'+' if r + 1 > args.rounds else ''}: " + ", ".join(
             f"{c} {times[c][-1] * 1e3:.1f} ms" for c in order if c in runners and times[c]))
+        r += 1
+    result["rounds"] = r
     result["others_cores_rounds"] = _others_cores(rounds_start)
     eager = times.get("eager") if "eager" in runners else None
     for contender, runner_times in times.items():
@@ -490,8 +503,9 @@ def run_suite(args: argparse.Namespace, log: Callable[[str], None] = print) -> d
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": "python -m aot2onnx bench " + " ".join(args.argv),
         "machine": _machine(args.threads), "versions": _versions(), "load_start": _load(),
-        "settings": {k: getattr(args, k) for k in ("rounds", "steps", "warmup", "trial_steps", "breakdown_steps",
-                                                      "process_steps", "threads", "quick", "levers")},
+        "settings": {k: getattr(args, k) for k in ("rounds", "min_timed_s", "max_rounds", "steps", "warmup",
+                                                      "trial_steps", "breakdown_steps", "process_steps", "threads",
+                                                      "quick", "levers")},
         "contenders": list(args.contenders), "models": [],
     }
     saved_env = {k: os.environ.get(k) for k in _cache_env("")}
