@@ -234,7 +234,7 @@ def test_a_returned_view_written_in_place_leaves_the_next_runs_alone():
 
 
 def test_the_output_plan_picks_what_the_per_output_loop_picks():
-    """A call's outputs come from one list of constants, results and inputs (session._output_plan): the same
+    """A call's outputs come from one list of results, constants and inputs (session._output_plan): the same
     objects, in the same order, as the loop over output kinds that complex and size outputs still take."""
     from aot2onnx.runtime.session import _output_plan
     from aot2onnx.signature import GraphSignature, InputKind, InputSpec, OutputKind, OutputSpec
@@ -248,7 +248,7 @@ def test_the_output_plan_picks_what_the_per_output_loop_picks():
     )
     constants, positions = _output_plan(GraphSignature(inputs, outputs))
     results, args = [torch.zeros(1), torch.ones(1)], [torch.full((1,), 5.0), "unused", torch.full((1,), 6.0)]
-    picked = [[*constants, *results, *args][p] for p in positions]
+    picked = [[*results, *constants, *args][p] for p in positions]
     expected = [results[0], args[2], None, results[1], args[2], 7, args[0], results[1]]
     assert len(picked) == len(expected) and all(p is e for p, e in zip(picked, expected))
     # A size output (an int made from a result) and a complex one keep the loop.

@@ -233,30 +233,27 @@ _MISSING_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)
 
 
 def _output_plan(signature: GraphSignature) -> tuple[list[Any], list[int]] | None:
-    """How a call's outputs are picked, with no Python per output, from the list ``[*constants, *results, *args]``
-    (the constants returned, the run's returned outputs, the call's inputs): (constants, a position in that list
+    """How a call's outputs are picked, with no Python per output, from the list ``[*results, *constants, *args]``
+    (the run's returned outputs, the constants returned, the call's inputs): (constants, a position in that list
     per output). None where an output needs work of its own (a complex tensor's real pairs, a size's int)."""
-    constants: list[Any] = []
-    for spec in signature.outputs:
-        if spec.kind is OutputKind.CONSTANT:
-            constants.append(spec.value)
+    results = sum(spec.kind is OutputKind.TENSOR for spec in signature.outputs)
+    constants = [spec.value for spec in signature.outputs if spec.kind is OutputKind.CONSTANT]
     positions: list[int] = []
-    results = constant = 0
+    result = constant = 0
     for spec in signature.outputs:
         if spec.kind is OutputKind.TENSOR and not spec.is_complex:
-            positions.append(len(constants) + results)
-            results += 1
+            positions.append(result)
+            result += 1
+        elif spec.kind is OutputKind.CONSTANT:
+            positions.append(results + constant)
+            constant += 1
         elif spec.kind is OutputKind.INPUT:
-            positions.append(-1 - spec.index)  # from the end, once the number of results is known: below
+            positions.append(results + len(constants) + spec.index)
         elif spec.kind is OutputKind.DUPLICATE:
             positions.append(positions[spec.index])
-        elif spec.kind is OutputKind.CONSTANT:
-            positions.append(constant)
-            constant += 1
         else:
             return None
-    start = len(constants) + results  # the first input's position
-    return constants, [start + (-1 - p) if p < 0 else p for p in positions]
+    return constants, positions
 
 
 def _declared_dims(value: onnx.ValueInfoProto) -> tuple[int | str | None, ...] | None:
@@ -787,7 +784,7 @@ class OrtGraph:
         plan = self._output_plan
         if plan is not None:
             constants, positions = plan
-            outputs = list(map([*constants, *results, *args].__getitem__, positions))
+            outputs = list(map([*results, *constants, *args].__getitem__, positions))
             args.clear()  # boxed convention: the caller's references to the inputs can be freed now
             return outputs
         outputs = []
@@ -902,14 +899,15 @@ class OrtGraph:
                 self._one_call_session, self._one_call_run = self._session, c_run_with_ortvaluevector(self._session)
                 self._native = None
             sess_run = self._one_call_run
-            timed = _TimedRun(sess_run) if isinstance(ort_run, _TimedRun) else None
+            timing = isinstance(ort_run, _TimedRun)
             # The trial's timed calls compare the Python sessions; every other call, a profiled one included,
             # runs on the twin once there is one: a graph with random ops must draw from one session only (each
             # session's generator starts from the seeds in the model).
-            native = self._trial is None or timed is None
+            native = self._trial is None or not timing
             if self._native is None and native:
                 self._native = self._native_twin()
             twin = self._native if native and self._native else None
+            timed = _TimedRun(twin.run if twin else sess_run) if timing else None
             # The twin takes any tensor (it copies one that is not contiguous); the input shapes are looked at
             # where they may have changed since the last run (the first run, or a symbolic size).
             tensors = one_call.inputs(args) if twin else one_call.tensors(args, self.name)
@@ -917,14 +915,9 @@ class OrtGraph:
             shapes = [t.shape for t in tensors] if fresh or not twin else None
             try:
                 if twin:
-                    if timed is None:
-                        results = twin.run(tensors)
-                    else:
-                        timed_native = _TimedRun(twin.run)
-                        results = timed_native(tensors)
-                        timed.seconds += timed_native.seconds
+                    results = (timed or twin.run)(tensors)
                 else:
-                    results = one_call.run(sess_run if timed is None else timed, tensors, shapes)
+                    results = one_call.run(timed or sess_run, tensors, shapes)
             except KeyError as e:
                 raise RuntimeSessionError(f"graph {self.name!r}: ONNX Runtime cannot take {e.args[0]} tensors") from e
             except Exception as e:
