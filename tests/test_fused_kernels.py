@@ -844,7 +844,8 @@ def test_fused_elementwise_writes_an_output_into_its_inputs_memory_after_reading
     """A compiled optimizer's step binds a parameter's new value to the parameter's memory (runtime/inplace.py).
     The fused chain computes ``a = p * 0.9`` (bound to p) and then ``b = p + g``, which reads p at the same
     positions: it must read the old p. Bound so, both outputs are the unbound run's bit for bit (70000 elements:
-    blocks on two threads)."""
+    blocks on two threads): ``a`` copied after the block's reads, ``b`` (memory of its own) written where the
+    chain computes it."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper

@@ -60,6 +60,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <deque>
 #include <mutex>
 
@@ -853,6 +854,17 @@ struct ElementwiseKernel {
       output[v] = ctx.GetOutput(o, shape).GetTensorMutableData<T>();
     }
     if (n == 0) return;
+    // An output on memory no input shares is written where its instruction computes it; one bound to an input's
+    // memory (a compiled optimizer's parameter, runtime/inplace.py) is copied after the block's last read.
+    std::vector<bool> direct(values, false);
+    for (size_t v = inputs; v < values; ++v) {
+      if (output[v] == nullptr || scalar[v]) continue;
+      const auto begin = reinterpret_cast<std::uintptr_t>(output[v]), end = begin + n * sizeof(T);
+      direct[v] = std::none_of(input.begin(), input.end(), [&](const T* in) {
+        const auto from = reinterpret_cast<std::uintptr_t>(in);
+        return from < end && begin < from + n * sizeof(T);
+      });
+    }
     constexpr int64_t kBlock = 256;
     const int64_t blocks = (n + kBlock - 1) / kBlock;
     at::parallel_for(0, blocks, std::max<int64_t>(1, 32768 / kBlock), [&](int64_t begin, int64_t end) {
@@ -863,7 +875,7 @@ struct ElementwiseKernel {
         for (size_t i = 0; i < inputs; ++i) at[i] = scalar[i] ? input[i] : input[i] + start;
         for (size_t k = 0; k < steps; ++k) {
           const size_t v = inputs + k;
-          T* r = scratch.data() + k * kBlock;
+          T* r = direct[v] ? output[v] + start : scratch.data() + k * kBlock;
           const int64_t op = program_[3 * k];
           const T* x = at[program_[3 * k + 1]];
           const T* y = op == kNeg ? nullptr : at[program_[3 * k + 2]];
@@ -877,10 +889,11 @@ struct ElementwiseKernel {
           }
           at[v] = r;
         }
-        // The block's outputs last, after every read of its operands: an output may be bound to an input's
-        // memory (a compiled optimizer's parameter, runtime/inplace.py), read at the same positions.
+        // The other outputs last, after every read of the block's operands.
         for (size_t v = inputs; v < values; ++v) {
-          if (output[v] != nullptr) std::memcpy(output[v] + start, at[v], (scalar[v] ? 1 : len) * sizeof(T));
+          if (output[v] != nullptr && !direct[v]) {
+            std::memcpy(output[v] + start, at[v], (scalar[v] ? 1 : len) * sizeof(T));
+          }
         }
       }
     });
