@@ -200,9 +200,12 @@ struct Guarded : Kernel {
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     try {
       // No autograd (the tensors are ONNX Runtime's buffers) and no profiler records: the op is ONNX Runtime's
-      // node, timed by ONNX Runtime's profiler, not compute torch ran (aot2onnx.testing's check of that).
+      // node, timed by ONNX Runtime's profiler, not compute torch ran (aot2onnx.testing's check of that). The
+      // records are turned off only where a callback would take them: turning them off and on rebuilds the
+      // thread's callback lists, about a fifth of a small ATen-backed node's cost.
       c10::InferenceMode inference_mode;
-      at::RecordFunctionGuard no_records(false);
+      std::optional<at::RecordFunctionGuard> no_records;
+      if (at::hasCallbacks()) no_records.emplace(false);
       this->Compute(context);
       return nullptr;
     } catch (const std::exception& e) {
