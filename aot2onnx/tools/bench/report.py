@@ -436,7 +436,7 @@ def _method(results: dict[str, Any]) -> str:
         "contender's time for the round is the median of those steps. "
         + (f"{s['rounds']} rounds" if not s.get("min_timed_s") else
            f"At least {s['rounds']} rounds, and more where steps are short (until every contender's timed steps "
-           f"add up to {s['min_timed_s']:g} s, {s.get('max_rounds', 25)} rounds at most; each model's section gives "
+           f"add up to {s['min_timed_s']:g} s, {s['max_rounds']} rounds at most; each model's section gives "
            "its count),")
         + " rotate the order of the contenders, so each runs first, second and last. A "
         "contender's step time is the median over rounds, and its ratio to eager is the median of the per-round "
